@@ -1,0 +1,658 @@
+"""The engine: compiles an Application's pipelines into Spark Structured Streaming queries.
+
+One query per pipeline (or merged group of pipelines):
+
+    landing/<group> (file stream of closed parquet segments)
+      -> pre stage (mapInArrow): decode, stateless computations, key function
+      -> groupBy(key).transformWithStateInPandas: each key's messages in sequence order through
+         the state computation, holding the key's state object in RocksDB
+      -> foreachBatch: outputs to Delta sinks (each commit carrying the app transaction
+         (query, batch id), checked before writing), TCP sinks, and the quarantine table.
+
+Every row between stages is an "envelope": sequence, part (position among the outputs of one
+input message), the pickled message, and the input's landing metadata. Errors in user code become
+quarantine envelopes and flow to the quarantine table; with `fail_fast` they stop the query.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import pickle
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+from pyspark.sql.streaming.stateful_processor import StatefulProcessor
+from pyspark.sql.types import BinaryType, StructField, StructType
+
+from transforms import lake
+from transforms.api import (
+    Application,
+    Computation,
+    DeltaSink,
+    Merged,
+    Pipeline,
+    StateComputation,
+    TCPSink,
+    UserFunctionError,
+    normalize_outputs,
+    to_record,
+)
+from transforms.landing import LANDING_DDL
+from transforms.settings import Settings
+
+log = logging.getLogger("eventide.engine")
+
+ENVELOPE = pa.schema(
+    [
+        ("kind", pa.string()),  # "msg" (keyed, before state), "out" (to sinks), "quarantine"
+        ("seq", pa.int64()),
+        ("part", pa.int32()),
+        ("branch", pa.int32()),
+        ("key", pa.string()),
+        ("msg", pa.binary()),
+        ("stream", pa.string()),
+        ("receive_time", pa.timestamp("us", tz="UTC")),
+        ("connection", pa.string()),
+        ("step", pa.string()),
+        ("reason", pa.string()),
+        ("payload", pa.binary()),
+    ]
+)
+ENVELOPE_DDL = (
+    "kind string, seq long, part int, branch int, key string, msg binary, stream string, "
+    "receive_time timestamp, connection string, step string, reason string, payload binary"
+)
+QUARANTINE_KEY = "\x00quarantine"  # quarantine envelopes pass through the stateful step untouched
+
+QUARANTINE_TABLE = "quarantine"
+QUARANTINE_SCHEMA = pa.schema(
+    [
+        ("query", pa.string()),
+        ("stream", pa.string()),
+        ("seq", pa.int64()),
+        ("receive_time", pa.timestamp("us", tz="UTC")),
+        ("connection", pa.string()),
+        ("step", pa.string()),
+        ("reason", pa.string()),
+        ("payload", pa.binary()),
+        ("batch_id", pa.int64()),
+    ]
+)
+
+
+# -- context for user code (timers, key) ------------------------------------------------------------
+@dataclass
+class Context:
+    key: str
+    processing_time_ms: int = 0
+    watermark_ms: int = 0
+    timers: list[int] = field(default_factory=list)
+    handle: Any = None
+
+    def register_timer(self, at_ms: int) -> None:
+        """Call `on_timer` of the state computation at (processing or event) time `at_ms`."""
+        if self.handle is None:
+            raise RuntimeError("timers need a pipeline declared with timers (time_mode)")
+        self.handle.registerTimer(int(at_ms))
+
+
+_context: contextvars.ContextVar[Context | None] = contextvars.ContextVar("eventide_context", default=None)
+
+
+def current_context() -> Context:
+    ctx = _context.get()
+    if ctx is None:
+        raise RuntimeError("current_context() is only available inside a state computation")
+    return ctx
+
+
+# -- compiled plan ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class QueryPlan:
+    """One Spark query: its branches (one for a plain pipeline), sinks and names."""
+
+    app: str
+    name: str
+    group: str
+    branches: tuple[Pipeline, ...]
+    sinks: tuple
+    keyed: bool
+    generation: int
+    # Bronze queries quarantine what the gateway could not frame; app queries skip it (counted once).
+    quarantine_landing_errors: bool = False
+    time_mode: str = "None"
+
+    @property
+    def streams(self) -> list[str]:
+        return [b.stream for b in self.branches]
+
+    def app_id(self, sink: str) -> str:
+        return f"{self.name}@g{self.generation}:{sink}"
+
+    def checkpoint(self, settings: Settings) -> Path:
+        return settings.checkpoints / self.name / f"v{self.generation}"
+
+
+def plan_queries(app: Application, settings: Settings, decoders: dict | None = None) -> list[QueryPlan]:
+    """Split an application into query plans; resolve each source's decoder."""
+    from transforms.streams import stream_decoder
+
+    plans = []
+    for i, p in enumerate(app.pipelines):
+        branches = p.branches if isinstance(p, Merged) else (p,)
+        resolved = []
+        for b in branches:
+            dec = b.decoder or (decoders or {}).get(b.stream) or stream_decoder(b.stream)
+            resolved.append(Pipeline(b.stream, dec, b.steps, b.key_fn, b.sinks, b.name))
+        groups = {settings.group_of(b.stream) for b in resolved}
+        if len(groups) > 1:
+            raise ValueError(
+                f"application {app.name!r}: merged pipelines read streams {[b.stream for b in resolved]} "
+                f"from different sequence groups {sorted(groups)}; streams that share state must share a group "
+                "(EVENTIDE_STREAM_GROUPS)"
+            )
+        keyed = {b.key_fn is not None for b in resolved}
+        if len(keyed) > 1:
+            raise ValueError(f"application {app.name!r}: merged pipelines must all be keyed")
+        sinks = p.sinks
+        if not sinks:
+            raise ValueError(f"application {app.name!r}: pipeline {i} has no sink (.to_sink(...))")
+        timed = any(getattr(s, "on_timer", None) for b in resolved for s in b.post_steps)
+        name = app.name if len(app.pipelines) == 1 else f"{app.name}.{p.name if isinstance(p, Pipeline) and p.name else i}"
+        plans.append(
+            QueryPlan(
+                app=app.name,
+                name=name,
+                group=groups.pop(),
+                branches=tuple(resolved),
+                sinks=tuple(sinks),
+                keyed=keyed.pop(),
+                generation=app.generation,
+                quarantine_landing_errors=app.quarantine_landing_errors,
+                time_mode="ProcessingTime" if timed else "None",
+            )
+        )
+    return plans
+
+
+# -- user-code calls --------------------------------------------------------------------------------
+class _Quarantine(Exception):
+    def __init__(self, step: str, reason: str):
+        super().__init__(reason)
+        self.step = step
+        self.reason = reason
+
+
+def _describe(e: BaseException) -> str:
+    tb = traceback.extract_tb(e.__traceback__)
+    where = f" at {Path(tb[-1].filename).name}:{tb[-1].lineno}" if tb else ""
+    return f"{type(e).__name__}: {e}{where}"
+
+
+def _call(step_name: str, fail_fast: bool, fn: Callable, *args):
+    try:
+        return fn(*args)
+    except UserFunctionError:
+        raise
+    except Exception as e:
+        if fail_fast:
+            raise RuntimeError(f"{step_name!r} raised on a message (EVENTIDE_FAIL_FAST is on): {_describe(e)}") from e
+        raise _Quarantine(step_name, _describe(e)) from None
+
+
+def _apply_steps(steps: list, msgs: list, fail_fast: bool) -> list:
+    for step in steps:
+        nxt = []
+        for m in msgs:
+            nxt.extend(_call(step.name, fail_fast, step.apply, m))
+        msgs = nxt
+    return msgs
+
+
+def _apply_batch_computation(step: Computation, msgs: list, fail_fast: bool) -> list:
+    df = pd.DataFrame.from_records([to_record(m) for m in msgs])
+    out = _call(step.name, fail_fast, step.fn, df)
+    return _frame_to_records(step.name, out)
+
+
+def _frame_to_records(name: str, out: Any) -> list:
+    if out is None:
+        return []
+    if isinstance(out, pd.DataFrame):
+        return out.to_dict("records")
+    if isinstance(out, list):
+        return out
+    raise UserFunctionError(f"batch function {name!r} returned {type(out).__name__}, expected a pandas DataFrame")
+
+
+# -- pre stage: decode, stateless steps, key --------------------------------------------------------
+def make_pre_stage(plan: QueryPlan, fail_fast: bool) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    by_stream = {b.stream: (i, b) for i, b in enumerate(plan.branches)}
+    quarantine_landing = plan.quarantine_landing_errors
+    keyed = plan.keyed
+
+    def pre_stage(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            cols = batch.to_pydict()
+            out: dict[str, list] = {f.name: [] for f in ENVELOPE}
+
+            def emit(kind, seq, part, branch, key, msg, i, step=None, reason=None, payload=None):
+                out["kind"].append(kind)
+                out["seq"].append(seq)
+                out["part"].append(part)
+                out["branch"].append(branch)
+                out["key"].append(key)
+                out["msg"].append(msg)
+                out["stream"].append(cols["stream"][i])
+                out["receive_time"].append(cols["receive_time"][i])
+                out["connection"].append(cols["connection"][i])
+                out["step"].append(step)
+                out["reason"].append(reason)
+                out["payload"].append(payload)
+
+            for i in range(batch.num_rows):
+                seq = cols["seq"][i]
+                payload = cols["payload"][i]
+                branch_no, branch = by_stream[cols["stream"][i]]
+                if cols["landing_error"][i] is not None:
+                    if quarantine_landing:
+                        emit("quarantine", seq, 0, branch_no, QUARANTINE_KEY, None, i, "gateway", cols["landing_error"][i], payload)
+                    continue
+                try:
+                    dec = branch.decoder
+                    msg = _call(f"decoder {dec.name}", fail_fast, dec.fn, payload)
+                    msgs = [] if msg is None else [msg]
+                    msgs = _apply_steps(branch.pre_steps, msgs, fail_fast)
+                    keys = []
+                    if keyed:
+                        for m in msgs:
+                            k = _call("key_by", fail_fast, branch.key_fn, m)
+                            if k is None:
+                                raise _Quarantine("key_by", f"key function returned None for {m!r}")
+                            keys.append(str(k))
+                except _Quarantine as q:
+                    emit("quarantine", seq, 0, branch_no, QUARANTINE_KEY, None, i, q.step, q.reason, payload)
+                    continue
+                for part, m in enumerate(msgs):
+                    emit("msg" if keyed else "out", seq, part, branch_no, keys[part] if keyed else None,
+                         pickle.dumps(m, protocol=5), i)
+            yield pa.RecordBatch.from_pydict(out, schema=ENVELOPE)
+
+    return pre_stage
+
+
+# -- stateful stage ---------------------------------------------------------------------------------
+class KeyedStateProcessor(StatefulProcessor):
+    """Holds each key's state objects (one per state class) pickled in a RocksDB value state."""
+
+    def __init__(self, plan: QueryPlan, fail_fast: bool):
+        self.plan = plan
+        self.fail_fast = fail_fast
+
+    def init(self, handle) -> None:
+        self.handle = handle
+        self.value = handle.getValueState("states", StructType([StructField("blob", BinaryType(), True)]))
+
+    def _load(self) -> dict:
+        if self.value.exists():
+            return pickle.loads(self.value.get()[0])
+        return {}
+
+    def _context(self, key: str, timer_values, timers: bool) -> Context:
+        return Context(key, _safe(timer_values.getCurrentProcessingTimeInMs),
+                       _safe(timer_values.getCurrentWatermarkInMs), handle=self.handle if timers else None)
+
+    def handleInputRows(self, key, rows, timerValues) -> Iterator[pd.DataFrame]:
+        (key,) = key
+        df = pd.concat(list(rows), ignore_index=True)
+        if key == QUARANTINE_KEY:
+            yield df
+            return
+        df = df.sort_values(["seq", "part"], kind="stable").reset_index(drop=True)
+        states = self._load()
+        token = _context.set(self._context(key, timerValues, self.plan.time_mode != "None"))
+        try:
+            out = _run_key(df, states, self.plan.branches, self.fail_fast)
+        finally:
+            _context.reset(token)
+        self.value.update((pickle.dumps(states, protocol=5),))
+        yield out
+
+    def handleExpiredTimer(self, key, timerValues, expiredTimerInfo) -> Iterator[pd.DataFrame]:
+        (key,) = key
+        states = self._load()
+        token = _context.set(self._context(key, timerValues, True))
+        rows = []
+        try:
+            for bno, b in enumerate(self.plan.branches):
+                sc = b.post_steps[0]
+                if isinstance(sc, StateComputation) and sc.on_timer:
+                    state = _state_for(states, sc)
+                    outs = normalize_outputs(sc.name, sc.on_timer(key, state, expiredTimerInfo.getExpiryTimeInMs()))
+                    rows.extend(("out", -1, j, bno, key, pickle.dumps(o, protocol=5)) for j, o in enumerate(outs))
+        finally:
+            _context.reset(token)
+        self.value.update((pickle.dumps(states, protocol=5),))
+        yield _envelope_frame(rows, None)
+
+    def close(self) -> None:
+        pass
+
+
+def _safe(fn: Callable) -> int:
+    try:
+        return int(fn())
+    except Exception:
+        return 0
+
+
+def _state_for(states: dict, sc: StateComputation):
+    st = states.get(sc.state_name)
+    if st is None:
+        st = states[sc.state_name] = sc.state()
+    return st
+
+
+def _envelope_frame(rows: list[tuple], src: pd.DataFrame | None) -> pd.DataFrame:
+    """Output envelopes: (kind, seq, part, branch, key, msg[, step, reason, src_index])."""
+    cols = ["kind", "seq", "part", "branch", "key", "msg"]
+    df = pd.DataFrame([r[:6] for r in rows], columns=cols)
+    df["step"] = [r[6] if len(r) > 6 else None for r in rows]
+    df["reason"] = [r[7] if len(r) > 7 else None for r in rows]
+    if src is not None and len(rows):
+        idx = [r[8] for r in rows]
+        for c in ("stream", "receive_time", "connection"):
+            df[c] = src[c].to_numpy()[idx]
+        df["payload"] = [src["payload"].iat[i] if r[0] == "quarantine" else None for i, r in zip(idx, rows)]
+    else:
+        df["stream"] = None
+        df["receive_time"] = pd.Series([], dtype="datetime64[us, UTC]") if not len(rows) else pd.NaT
+        df["connection"] = None
+        df["payload"] = None
+    return df[[f.name for f in ENVELOPE]].astype({"seq": "int64", "part": "int32", "branch": "int32"})
+
+
+def _run_key(df: pd.DataFrame, states: dict, branches: tuple, fail_fast: bool) -> pd.DataFrame:
+    """Apply one key's messages (sorted by sequence) to its state; runs of one batch-form branch go together."""
+    rows: list[tuple] = []
+    n = len(df)
+    branch_col = df["branch"].to_numpy()
+    i = 0
+    while i < n:
+        b = branches[branch_col[i]]
+        sc = b.post_steps[0]
+        rest = b.post_steps[1:]
+        if isinstance(sc, StateComputation) and sc.batch:
+            j = i
+            while j < n and branch_col[j] == branch_col[i]:
+                j += 1
+            rows.extend(_run_batch(df, i, j, sc, rest, states, fail_fast))
+            i = j
+            continue
+        seq = int(df["seq"].iat[i])
+        try:
+            msg = pickle.loads(df["msg"].iat[i])
+            if isinstance(sc, StateComputation):
+                outs = _call(sc.name, fail_fast, sc.apply, msg, _state_for(states, sc))
+            else:
+                outs = [msg]
+                rest = b.post_steps
+            outs = _apply_steps(rest, outs, fail_fast)
+        except _Quarantine as q:
+            rows.append(("quarantine", seq, int(df["part"].iat[i]), int(branch_col[i]), df["key"].iat[i], None, q.step, q.reason, i))
+        else:
+            base = int(df["part"].iat[i]) * 1000
+            rows.extend(("out", seq, base + j, int(branch_col[i]), df["key"].iat[i], pickle.dumps(o, protocol=5), None, None, i)
+                        for j, o in enumerate(outs))
+        i += 1
+    return _envelope_frame(rows, df)
+
+
+def _run_batch(df, i, j, sc: StateComputation, rest, states, fail_fast) -> list[tuple]:
+    msgs = [pickle.loads(m) for m in df["msg"].iloc[i:j]]
+    frame = pd.DataFrame.from_records([to_record(m) for m in msgs])
+    frame["_seq"] = df["seq"].iloc[i:j].to_numpy()
+    try:
+        out = _call(sc.name, fail_fast, sc.fn, frame, _state_for(states, sc))
+        records = _frame_to_records(sc.name, out)
+        records = _apply_steps(rest, records, fail_fast)
+    except _Quarantine as q:
+        return [("quarantine", int(df["seq"].iat[k]), int(df["part"].iat[k]), int(df["branch"].iat[k]), df["key"].iat[k], None,
+                 q.step, q.reason, k) for k in range(i, j)]
+    last = j - 1
+    seq_pos = {int(s): k for k, s in enumerate(df["seq"].to_numpy()) if i <= k < j}
+    rows = []
+    for n_out, rec in enumerate(records):
+        s = rec.pop("_seq", None) if isinstance(rec, dict) else None
+        k = seq_pos.get(int(s), last) if s is not None else last
+        rows.append(("out", int(df["seq"].iat[k]), n_out, int(df["branch"].iat[k]), df["key"].iat[k],
+                     pickle.dumps(rec, protocol=5), None, None, k))
+    return rows
+
+
+# -- sinks ------------------------------------------------------------------------------------------
+def outputs_to_table(sink: DeltaSink, outs: list, meta: dict[str, list]) -> pa.Table:
+    records = [dict(to_record(o)) for o in outs]
+    for col in sink.metadata:
+        for r, v in zip(records, meta[col]):
+            r[col] = v
+    if sink.schema is not None:
+        names = sink.schema.names
+        try:
+            return pa.Table.from_pylist([{n: r.get(n) for n in names} for r in records], schema=sink.schema)
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+            raise UserFunctionError(
+                f"outputs for Delta sink {sink.table!r} do not fit its schema ({e}); first output: {outs[0]!r}"
+            ) from None
+    if not records:
+        return pa.table({})
+    return pa.Table.from_pylist(records)
+
+
+class TCPConnection:
+    """A TCP sink's connection, opened on first use and kept for the run."""
+
+    def __init__(self, address: str):
+        host, _, port = address.rpartition(":")
+        self.host, self.port = host or "127.0.0.1", int(port)
+        self.sock = None
+
+    def send(self, data: bytes) -> None:
+        import socket
+
+        if self.sock is None:
+            self.sock = socket.create_connection((self.host, self.port), timeout=30)
+        self.sock.sendall(data)
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+
+
+@dataclass
+class RunReport:
+    query: str
+    batches: int = 0
+    input_rows: int = 0
+    rows_written: dict[str, int] = field(default_factory=dict)
+    quarantined: int = 0
+    skipped_batches: int = 0  # replayed batches whose commits were already in the lake
+    seconds: float = 0.0
+    max_lag_seconds: float | None = None
+
+    @property
+    def rows_per_second(self) -> float:
+        return self.input_rows / self.seconds if self.seconds else 0.0
+
+    def as_metadata(self) -> dict:
+        return {
+            "query": self.query,
+            "batches": self.batches,
+            "input_rows": self.input_rows,
+            "rows_written": dict(self.rows_written),
+            "quarantined": self.quarantined,
+            "skipped_batches": self.skipped_batches,
+            "seconds": round(self.seconds, 3),
+            "rows_per_second": round(self.rows_per_second, 1),
+            "max_lag_seconds": None if self.max_lag_seconds is None else round(self.max_lag_seconds, 3),
+        }
+
+
+def make_batch_writer(plan: QueryPlan, settings: Settings, report: RunReport, tcp_addresses: dict[str, str]):
+    import os
+
+    conns: dict[str, TCPConnection] = {}
+    quarantine_path = settings.table_path(QUARANTINE_TABLE)
+
+    def tcp_address(sink: TCPSink) -> str | None:
+        return tcp_addresses.get(sink.name) or sink.address or os.environ.get(f"EVENTIDE_SINK_{sink.name.upper()}")
+
+    def write_batch(batch_df, batch_id: int) -> None:
+        table = batch_df.toArrow() if hasattr(batch_df, "toArrow") else pa.Table.from_pandas(batch_df.toPandas())
+        table = table.sort_by([("seq", "ascending"), ("part", "ascending")]) if table.num_rows else table
+        kinds = table.column("kind").to_pylist()
+        q_idx = [i for i, k in enumerate(kinds) if k == "quarantine"]
+        o_idx = [i for i, k in enumerate(kinds) if k == "out"]
+        wrote_any = False
+        # Quarantine first: a bad message is never lost, even if a sink below fails.
+        q = table.take(pa.array(q_idx, pa.int64()))
+        qtable = pa.table(
+            {
+                "query": pa.array([plan.name] * q.num_rows, pa.string()),
+                "stream": q.column("stream"),
+                "seq": q.column("seq"),
+                "receive_time": q.column("receive_time").cast(pa.timestamp("us", tz="UTC")),
+                "connection": q.column("connection"),
+                "step": q.column("step"),
+                "reason": q.column("reason"),
+                "payload": q.column("payload"),
+                "batch_id": pa.array([batch_id] * q.num_rows, pa.int64()),
+            },
+            schema=QUARANTINE_SCHEMA,
+        )
+        if q.num_rows or lake.exists(quarantine_path):
+            wrote_any |= lake.append_once(quarantine_path, qtable, plan.app_id("quarantine"), batch_id)
+        report.quarantined += q.num_rows
+
+        o = table.take(pa.array(o_idx, pa.int64()))
+        outs = [pickle.loads(b) for b in o.column("msg").to_pylist()]
+        meta = {c: o.column(c).to_pylist() for c in ("seq", "part", "stream", "receive_time", "connection")}
+        for sink in plan.sinks:
+            sel = [i for i, out in enumerate(outs) if sink.wants(out)]
+            chosen = [outs[i] for i in sel]
+            sub_meta = {c: [v[i] for i in sel] for c, v in meta.items()}
+            if isinstance(sink, DeltaSink):
+                data = outputs_to_table(sink, chosen, sub_meta)
+                path = settings.table_path(sink.table)
+                if data.num_columns == 0:
+                    continue  # nothing to infer a schema from yet; the batch has no rows for this sink
+                if sink.mode == "append":
+                    wrote = lake.append_once(path, data, plan.app_id(sink.table), batch_id, sink.partition_by)
+                else:
+                    wrote = lake.merge_once(path, data, list(sink.keys), plan.app_id(sink.table), batch_id,
+                                            order_by=[c for c in ("seq", "part") if c in data.column_names])
+                wrote_any |= wrote
+                if wrote:
+                    report.rows_written[sink.table] = report.rows_written.get(sink.table, 0) + data.num_rows
+            else:
+                addr = tcp_address(sink)
+                if not addr or not chosen:
+                    continue
+                _send_tcp_once(plan, settings, sink, addr, chosen, batch_id, conns)
+                report.rows_written[f"tcp:{sink.name}"] = report.rows_written.get(f"tcp:{sink.name}", 0) + len(chosen)
+        report.batches += 1
+        if not wrote_any and table.num_rows:
+            report.skipped_batches += 1
+        rt = table.column("receive_time").drop_null()
+        if len(rt):
+            oldest = min(rt.to_pylist())
+            lag = time.time() - oldest.timestamp()
+            report.max_lag_seconds = max(report.max_lag_seconds or 0.0, lag)
+
+    def close() -> None:
+        for c in conns.values():
+            c.close()
+
+    write_batch.close = close
+    return write_batch
+
+
+def _send_tcp_once(plan, settings, sink: TCPSink, addr: str, outs: list, batch_id: int, conns: dict) -> None:
+    """Send a batch's encoded outputs unless this batch was already sent (marker file per sink)."""
+    from transforms.framing import DEFAULT_FRAMING
+
+    marker = plan.checkpoint(settings) / f"tcp-{sink.name}.sent"
+    if marker.exists() and int(marker.read_text() or -1) >= batch_id:
+        return
+    data = b"".join(DEFAULT_FRAMING.encode(sink.encoder(o)) if sink.framed else sink.encoder(o) for o in outs)
+    conn = conns.setdefault(sink.name, TCPConnection(addr))
+    try:
+        conn.send(data)
+    except OSError as e:
+        conn.close()
+        raise RuntimeError(f"TCP sink {sink.name!r} could not write to {addr}: {e}. Is the receiver listening?") from e
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text(str(batch_id))
+
+
+# -- running ----------------------------------------------------------------------------------------
+def build_stream(spark, plan: QueryPlan, settings: Settings):
+    """The streaming DataFrame of a plan, up to the sinks."""
+    src_dir = settings.landing / plan.group
+    src_dir.mkdir(parents=True, exist_ok=True)
+    reader = spark.readStream.schema(LANDING_DDL)
+    if settings.max_files_per_trigger:
+        reader = reader.option("maxFilesPerTrigger", settings.max_files_per_trigger)
+    df = reader.parquet(str(src_dir.absolute()))
+    df = df.where(df.stream.isin(plan.streams))
+    if not plan.quarantine_landing_errors:
+        df = df.where(df.landing_error.isNull())
+    env = df.mapInArrow(make_pre_stage(plan, settings.fail_fast), ENVELOPE_DDL)
+    if plan.keyed:
+        env = env.groupBy("key").transformWithStateInPandas(
+            statefulProcessor=KeyedStateProcessor(plan, settings.fail_fast),
+            outputStructType=ENVELOPE_DDL,
+            outputMode="Append",
+            timeMode=plan.time_mode,
+        )
+    return env
+
+
+def run_query(spark, plan: QueryPlan, settings: Settings, tcp_addresses: dict[str, str] | None = None,
+              progress: Callable[[str], None] | None = None) -> RunReport:
+    """Process everything landed so far (trigger availableNow), exactly once; returns what it did."""
+    report = RunReport(plan.name)
+    stream = build_stream(spark, plan, settings)
+    writer = make_batch_writer(plan, settings, report, tcp_addresses or {})
+    ckpt = plan.checkpoint(settings)
+    ckpt.parent.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    query = (
+        stream.writeStream.queryName(plan.name.replace(".", "_"))
+        .foreachBatch(writer)
+        .option("checkpointLocation", str(ckpt.absolute()))
+        .trigger(availableNow=True)
+        .start()
+    )
+    try:
+        query.awaitTermination()
+    finally:
+        writer.close()
+    report.seconds = time.time() - started
+    report.input_rows = sum(int(p.get("numInputRows", 0)) for p in query.recentProgress)
+    if progress:
+        progress(f"{plan.name}: {report.input_rows} messages in {report.batches} batches, {report.seconds:.1f} s")
+    return report
+
+
+def run_application(spark, app: Application, settings: Settings, tcp_addresses: dict[str, str] | None = None,
+                    progress: Callable[[str], None] | None = None) -> list[RunReport]:
+    return [run_query(spark, p, settings, tcp_addresses, progress) for p in plan_queries(app, settings)]

@@ -1,0 +1,285 @@
+"""Landing: the append-only, replayable log the gateway and `ingest` write and every pipeline reads.
+
+Layout (one folder per sequence group, so streams that share state form one ordered log):
+
+    landing/<group>/.journal-<first seq>            open segment, append-only records (crash-safe)
+    landing/<group>/seg-<first seq>-<last seq>.parquet   closed segments, immutable
+
+A segment becomes visible to Spark only when closed: written to a dot-file (Spark's file source
+ignores those), fsynced, then renamed. Segments of a group are closed in sequence order, so a file
+stream over the folder sees messages in arrival order across batches. The sequence number is
+global for the whole landing area and survives restarts (recovered from the files).
+
+On start, a leftover journal (the gateway crashed) is turned into a segment: every whole record is
+kept; a torn tail is landed as a quarantine record with the reason, never silently dropped.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import struct
+import time
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from transforms.settings import Settings
+
+LANDING_SCHEMA = pa.schema(
+    [
+        ("stream", pa.string()),
+        ("seq", pa.int64()),
+        ("receive_time", pa.timestamp("us", tz="UTC")),
+        ("connection", pa.string()),
+        ("payload", pa.binary()),
+        # Set when the gateway itself could not frame the input (oversized or partial frame).
+        ("landing_error", pa.string()),
+    ]
+)
+LANDING_DDL = (
+    "stream string, seq long, receive_time timestamp, connection string, payload binary, landing_error string"
+)
+
+_REC_HEAD = struct.Struct(">II")  # body length, crc32(body)
+_BODY_HEAD = struct.Struct(">qqHHH")  # seq, receive time (us), len stream, len connection, len error
+
+
+class LandingBusy(RuntimeError):
+    pass
+
+
+def segment_name(first: int, last: int) -> str:
+    return f"seg-{first:020d}-{last:020d}.parquet"
+
+
+def parse_segment_name(name: str) -> tuple[int, int] | None:
+    if not (name.startswith("seg-") and name.endswith(".parquet")):
+        return None
+    try:
+        first, last = name[4:-8].split("-")
+        return int(first), int(last)
+    except ValueError:
+        return None
+
+
+def list_segments(settings: Settings, group: str | None = None) -> list[Path]:
+    root = settings.landing
+    groups = [group] if group else sorted({*settings.stream_groups.values()})
+    out: list[Path] = []
+    for g in groups:
+        d = root / g
+        if d.is_dir():
+            out.extend(sorted(p for p in d.iterdir() if parse_segment_name(p.name)))
+    return out
+
+
+def _encode_record(seq: int, recv_us: int, stream: str, conn: str, err: str | None, payload: bytes) -> bytes:
+    s, c, e = stream.encode(), conn.encode(), (err or "").encode()
+    body = _BODY_HEAD.pack(seq, recv_us, len(s), len(c), len(e)) + s + c + e + payload
+    return _REC_HEAD.pack(len(body), zlib.crc32(body)) + body
+
+
+def _read_journal(path: Path) -> tuple[list[tuple], bytes]:
+    """Whole records of a journal, and the torn bytes after the last whole record."""
+    data = path.read_bytes()
+    records = []
+    pos = 0
+    while len(data) - pos >= _REC_HEAD.size:
+        n, crc = _REC_HEAD.unpack_from(data, pos)
+        body = data[pos + _REC_HEAD.size : pos + _REC_HEAD.size + n]
+        if len(body) < n or zlib.crc32(body) != crc:
+            break
+        seq, recv_us, ls, lc, le = _BODY_HEAD.unpack_from(body)
+        o = _BODY_HEAD.size
+        stream = body[o : o + ls].decode()
+        conn = body[o + ls : o + ls + lc].decode()
+        err = body[o + ls + lc : o + ls + lc + le].decode() or None
+        payload = body[o + ls + lc + le :]
+        records.append((stream, seq, recv_us, conn, payload, err))
+        pos += _REC_HEAD.size + n
+    return records, data[pos:]
+
+
+@dataclass
+class _OpenSegment:
+    group: str
+    path: Path
+    file: object
+    opened_at: float
+    first_seq: int
+    rows: list[tuple] = field(default_factory=list)
+    size: int = 0
+
+
+class Lander:
+    """Single writer of the landing area (an exclusive lock enforces it across processes)."""
+
+    def __init__(self, settings: Settings, clock=time.time):
+        self.settings = settings
+        self.clock = clock
+        self.root = settings.landing
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._lock_file = open(self.root / ".lock", "a+")
+        try:
+            fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._lock_file.seek(0)
+            holder = self._lock_file.read().strip() or "another process"
+            self._lock_file.close()
+            raise LandingBusy(
+                f"the landing area {self.root} is in use by process {holder} (a running `eventide serve`?). "
+                "Send through the gateway with `eventide send`, or stop it first."
+            ) from None
+        self._lock_file.seek(0)
+        self._lock_file.truncate()
+        self._lock_file.write(str(os.getpid()))
+        self._lock_file.flush()
+        self._open: dict[str, _OpenSegment] = {}
+        self.segments_closed = 0
+        self.messages_landed = 0
+        self._next_seq = self._recover() + 1
+
+    # -- recovery ------------------------------------------------------------------------------
+    def _recover(self) -> int:
+        last = 0
+        for seg in list_segments(self.settings):
+            last = max(last, parse_segment_name(seg.name)[1])
+        for group_dir in sorted(p for p in self.root.iterdir() if p.is_dir()):
+            for tmp in group_dir.glob(".seg-*"):
+                tmp.unlink()  # never renamed: its journal is still there
+            for journal in sorted(group_dir.glob(".journal-*")):
+                records, torn = _read_journal(journal)
+                closed = max((parse_segment_name(p.name)[1] for p in list_segments(self.settings, group_dir.name)), default=0)
+                records = [r for r in records if r[1] > closed]  # closed already, journal not yet deleted
+                if torn:
+                    seq = max([last, closed, *(r[1] for r in records)]) + 1
+                    records.append(
+                        (
+                            self._torn_stream(group_dir.name),
+                            seq,
+                            int(journal.stat().st_mtime * 1e6),
+                            "recovery",
+                            torn,
+                            f"torn journal record after a crash ({len(torn)} bytes) in {journal.name}",
+                        )
+                    )
+                if records:
+                    self._write_segment(group_dir, records)
+                    last = max(last, records[-1][1])
+                journal.unlink()
+        return last
+
+    def _torn_stream(self, group: str) -> str:
+        streams = self.settings.streams_in(group)
+        return streams[0] if streams else group
+
+    # -- writing -------------------------------------------------------------------------------
+    def append(self, stream: str, payload: bytes, connection: str = "", error: str | None = None) -> int:
+        """Land one message (or, with `error`, one quarantined piece of input). Returns its sequence."""
+        group = self.settings.group_of(stream)
+        seg = self._open.get(group)
+        if seg is None:
+            seg = self._open_segment(group)
+        seq = self._next_seq
+        self._next_seq += 1
+        recv_us = int(self.clock() * 1_000_000)
+        rec = _encode_record(seq, recv_us, stream, connection, error, payload)
+        seg.file.write(rec)
+        seg.rows.append((stream, seq, recv_us, connection, payload, error))
+        seg.size += len(rec)
+        self.messages_landed += 1
+        if seg.size >= self.settings.segment_max_bytes:
+            self._close_segment(group)
+        return seq
+
+    def sync(self) -> None:
+        """Push buffered journal bytes to the OS, so a crash of this process loses nothing."""
+        for seg in self._open.values():
+            seg.file.flush()
+
+    def rotate_due(self) -> int:
+        """Close segments older than segment_max_seconds. Returns how many were closed."""
+        now = self.clock()
+        due = [g for g, s in self._open.items() if now - s.opened_at >= self.settings.segment_max_seconds]
+        for g in due:
+            self._close_segment(g)
+        return len(due)
+
+    def flush(self) -> None:
+        """Close every open segment, making all landed messages visible to the pipelines."""
+        for g in list(self._open):
+            self._close_segment(g)
+
+    def close(self) -> None:
+        self.flush()
+        if not self._lock_file.closed:
+            fcntl.flock(self._lock_file, fcntl.LOCK_UN)
+            self._lock_file.close()
+
+    def __enter__(self) -> Lander:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def next_seq(self) -> int:
+        return self._next_seq
+
+    def _open_segment(self, group: str) -> _OpenSegment:
+        d = self.root / group
+        d.mkdir(parents=True, exist_ok=True)
+        path = d / f".journal-{self._next_seq:020d}"
+        seg = _OpenSegment(group, path, open(path, "ab"), self.clock(), self._next_seq)
+        self._open[group] = seg
+        return seg
+
+    def _close_segment(self, group: str) -> None:
+        seg = self._open.pop(group)
+        seg.file.flush()
+        os.fsync(seg.file.fileno())
+        seg.file.close()
+        if seg.rows:
+            self._write_segment(seg.path.parent, seg.rows)
+            self.segments_closed += 1
+        seg.path.unlink()
+
+    @staticmethod
+    def _write_segment(group_dir: Path, rows: list[tuple]) -> Path:
+        cols = list(zip(*rows))
+        table = pa.Table.from_arrays(
+            [
+                pa.array(cols[0], pa.string()),
+                pa.array(cols[1], pa.int64()),
+                pa.array(cols[2], pa.int64()).cast(pa.timestamp("us", tz="UTC")),
+                pa.array(cols[3], pa.string()),
+                pa.array(cols[4], pa.binary()),
+                pa.array(cols[5], pa.string()),
+            ],
+            schema=LANDING_SCHEMA,
+        )
+        final = group_dir / segment_name(cols[1][0], cols[1][-1])
+        tmp = group_dir / f".{final.name}.tmp"
+        with open(tmp, "wb") as f:
+            pq.write_table(table, f, compression="zstd")
+            f.flush()
+            os.fsync(f.fileno())
+        os.rename(tmp, final)
+        dir_fd = os.open(group_dir, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+        return final
+
+
+def read_landed(settings: Settings, group: str) -> pa.Table:
+    """Every closed segment of a group, in sequence order (for tests, baselines and the CLI)."""
+    segs = list_segments(settings, group)
+    if not segs:
+        return LANDING_SCHEMA.empty_table()
+    return pa.concat_tables(pq.read_table(p, schema=LANDING_SCHEMA) for p in segs)
