@@ -1,0 +1,62 @@
+"""Turns an Application into a Dagster multi-asset: one asset per Delta sink table.
+
+Materializing it runs the application's queries over everything landed (availableNow, own
+checkpoint, exactly once) and records what the run did as metadata.
+"""
+
+
+import dagster as dg
+
+from orchestration.resources import EventideSettings, SparkResource
+from transforms import lake
+from transforms.api import Application, DeltaSink
+from transforms.engine import RunReport, run_application
+
+
+def delta_sinks(app: Application) -> list[DeltaSink]:
+    seen: dict[str, DeltaSink] = {}
+    for sink in app.sinks():
+        if isinstance(sink, DeltaSink):
+            seen.setdefault(sink.table, sink)
+    return list(seen.values())
+
+
+def table_metadata(settings, table: str, reports: list[RunReport]) -> dict:
+    path = settings.table_path(table)
+    added = sum(r.rows_written.get(table, 0) for r in reports)
+    secs = sum(r.seconds for r in reports)
+    rows_in = sum(r.input_rows for r in reports)
+    lags = [r.max_lag_seconds for r in reports if r.max_lag_seconds is not None]
+    return {
+        "rows_added": dg.MetadataValue.int(added),
+        "total_rows": dg.MetadataValue.int(lake.count(path)),
+        "delta_version": dg.MetadataValue.int(lake.version(path) if lake.exists(path) else -1),
+        "batches": dg.MetadataValue.int(sum(r.batches for r in reports)),
+        "input_messages": dg.MetadataValue.int(rows_in),
+        "messages_per_second": dg.MetadataValue.float(round(rows_in / secs, 1) if secs else 0.0),
+        "max_lag_seconds": dg.MetadataValue.float(round(max(lags), 3) if lags else 0.0),
+        "quarantined": dg.MetadataValue.int(sum(r.quarantined for r in reports)),
+        "path": dg.MetadataValue.path(str(path)),
+    }
+
+
+def application_assets(app: Application, deps: list, group: str, extra_specs: list | None = None) -> dg.AssetsDefinition:
+    specs = [
+        dg.AssetSpec(
+            sink.table,
+            deps=deps,
+            group_name=group,
+            kinds={"spark", "delta"},
+            description=f"{app.description or app.name}: Delta table `{sink.table}` ({sink.mode}).",
+        )
+        for sink in delta_sinks(app)
+    ] + list(extra_specs or [])
+
+    @dg.multi_asset(name=app.name, specs=specs, can_subset=False)
+    def _run_app(context: dg.AssetExecutionContext, eventide: EventideSettings, spark: SparkResource):
+        settings = eventide.get()
+        reports = run_application(spark.session(settings), app, settings, progress=context.log.info)
+        for spec in specs:
+            yield dg.MaterializeResult(asset_key=spec.key, metadata=table_metadata(settings, spec.key.path[-1], reports))
+
+    return _run_app

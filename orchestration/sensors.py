@@ -1,0 +1,28 @@
+"""Sensors that need no JVM: they look at the landing folders and Delta logs only."""
+
+
+import json
+
+import dagster as dg
+
+from orchestration.resources import EventideSettings
+from transforms.landing import list_segments
+
+PIPELINES_JOB = "pipelines_job"
+
+
+@dg.sensor(job_name=PIPELINES_JOB, minimum_interval_seconds=30, default_status=dg.DefaultSensorStatus.RUNNING)
+def new_segments_sensor(context: dg.SensorEvaluationContext, eventide: EventideSettings):
+    """Starts the pipelines when landing has closed segments newer than the last run saw."""
+    settings = eventide.get()
+    seen = json.loads(context.cursor) if context.cursor else {}
+    latest = {}
+    for group in sorted(set(settings.stream_groups.values())):
+        segs = list_segments(settings, group)
+        if segs:
+            latest[group] = segs[-1].name
+    new = {g: n for g, n in latest.items() if n > seen.get(g, "")}
+    if not new:
+        return dg.SkipReason("no new closed landing segments")
+    context.update_cursor(json.dumps(latest))
+    return dg.RunRequest(run_key=json.dumps(latest, sort_keys=True), tags={"eventide/new_segments": ",".join(sorted(new))})
