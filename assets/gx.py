@@ -1,0 +1,52 @@
+"""great-expectations 1.x, called directly (dagster-ge supports only GX 0.x).
+
+`validate(df, name, expectations)` runs a suite over a pandas DataFrame in an ephemeral context and
+returns an AssetCheckResult whose metadata lists each expectation's outcome and sample failures.
+"""
+
+import logging
+from functools import cache
+
+import dagster as dg
+import pandas as pd
+
+logging.getLogger("great_expectations").setLevel(logging.ERROR)
+
+
+@cache
+def _context():
+    import great_expectations as gx
+    from great_expectations.data_context.types.base import ProgressBarsConfig
+
+    ctx = gx.get_context(mode="ephemeral")
+    ctx.variables.progress_bars = ProgressBarsConfig(globally=False)
+    return ctx
+
+
+def validate(df: pd.DataFrame, name: str, expectations: list, asset_key=None, partition: str | None = None,
+             severity: dg.AssetCheckSeverity = dg.AssetCheckSeverity.ERROR) -> dg.AssetCheckResult:
+    import great_expectations as gx
+
+    ctx = _context()
+    source = ctx.data_sources.add_or_update_pandas("eventide")
+    asset = source.add_dataframe_asset(f"{name}-{len(source.assets)}")
+    batch = asset.add_batch_definition_whole_dataframe("all").get_batch(batch_parameters={"dataframe": df})
+    suite = gx.ExpectationSuite(name=name)
+    for e in expectations:
+        suite.add_expectation(e)
+    result = batch.validate(suite)
+    outcomes = {}
+    for r in result.results:
+        cfg = r.expectation_config
+        col = cfg.kwargs.get("column") or cfg.kwargs.get("column_list") or ""
+        outcomes[f"{cfg.type}({col})"] = {
+            "success": bool(r.success),
+            "unexpected_count": r.result.get("unexpected_count"),
+            "sample": [str(v) for v in (r.result.get("partial_unexpected_list") or [])[:5]],
+            "observed": str(r.result.get("observed_value")) if r.result.get("observed_value") is not None else None,
+        }
+    meta = {"rows": len(df), "expectations": dg.MetadataValue.json(outcomes)}
+    if partition:
+        meta["partition"] = partition
+    kwargs = {"asset_key": asset_key} if asset_key is not None else {}
+    return dg.AssetCheckResult(passed=bool(result.success), metadata=meta, severity=severity, **kwargs)
