@@ -1,0 +1,396 @@
+"""The gateway: one TCP port per stream, Wallaroo framing in, landing records out.
+
+It frames and persists, never decodes. Every whole frame becomes one landed message; input it cannot
+frame (an oversized length, a connection ending inside a frame) is landed too, as a quarantine record
+with `landing_error` set, so nothing that arrived is ever silently dropped. Bad input on one connection
+closes that connection only.
+
+Durability: after each chunk read from a socket the journal is pushed to the OS (`Lander.sync`), so a
+crash of this process loses nothing it has read; `Lander` recovery turns the journal into a segment
+on the next start. A client that half-closes its socket (`shutdown(SHUT_WR)`) and waits for the
+gateway to close its side knows that everything it sent has been landed (that is what `send_files`
+does): the gateway closes a connection only after landing and syncing its last bytes.
+
+One event loop, one thread: the `Lander` is single-writer and not thread-safe, so every call to it
+happens on the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable
+
+from transforms.framing import FrameDecoder, FrameTooLarge, Framing, TruncatedFrame
+from transforms.landing import Lander
+from transforms.settings import Settings
+
+log = logging.getLogger(__name__)
+
+ROTATE_INTERVAL_SECONDS = 0.1
+
+
+class GatewayError(RuntimeError):
+    """The gateway cannot run as configured (e.g. a port is taken); the message says what to change."""
+
+
+def framing_of(settings: Settings) -> Framing:
+    return Framing(settings.header_length, settings.length_fmt, settings.max_frame_bytes)
+
+
+class _Connection(asyncio.Protocol):
+    """One client connection feeding one stream. Protocol callbacks (not streams): no per-read task."""
+
+    def __init__(self, gateway: Gateway, stream: str):
+        self.gateway = gateway
+        self.stream = stream
+        self.decoder = FrameDecoder(gateway.framing)
+        self.transport: asyncio.Transport | None = None
+        self.conn_id = ""
+        self.finished = False  # its tail has been handled; later callbacks land nothing more
+
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        self.transport = transport
+        gw = self.gateway
+        gw.connections_accepted += 1
+        peer = transport.get_extra_info("peername") or ("?", 0)
+        self.conn_id = f"tcp:{peer[0]}:{peer[1]}#{gw.connections_accepted}"
+        gw._active.add(self)
+
+    def data_received(self, data: bytes) -> None:
+        if self.finished:
+            return
+        gw = self.gateway
+        too_large: FrameTooLarge | None = None
+        try:
+            frames = self.decoder.feed(data)
+        except FrameTooLarge as e:
+            frames, too_large = [], e
+        append, lander, stream, conn = gw.lander.append, gw.lander, self.stream, self.conn_id
+        for payload in frames:
+            append(stream, payload, conn)
+        gw.messages += len(frames)
+        if frames and too_large is None:
+            # feed() hands back the whole frames before an oversized header and raises only on the
+            # next call; ask now rather than waiting for more input that may never come.
+            try:
+                self.decoder.feed(b"")
+            except FrameTooLarge as e:
+                too_large = e
+        if too_large is not None:
+            pending = self.decoder.pending()
+            self.finished = True
+            gw._quarantine(
+                self,
+                pending,
+                f"frame length {too_large.length} exceeds limit {too_large.limit} bytes; "
+                f"{len(pending)} bytes received after the last whole frame; connection closed",
+            )
+            self.transport.close()
+        lander.sync()
+
+    def eof_received(self) -> bool:
+        self._finish("closed by the client")
+        self.gateway.lander.sync()
+        return False  # close our side: tells a waiting sender that all it sent is landed
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        gw = self.gateway
+        if gw._stopping:
+            how = "gateway stopped"
+        elif exc is not None:
+            how = f"connection lost: {exc}"
+        else:
+            how = "closed by the client"
+        self._finish(how)
+        gw.lander.sync()
+        gw._active.discard(self)
+        if not gw._active:
+            gw._idle.set()
+
+    def _finish(self, how: str) -> None:
+        if self.finished:
+            return
+        self.finished = True
+        try:
+            self.decoder.finish()
+        except TruncatedFrame as e:
+            hl = self.gateway.framing.header_length
+            if e.expected is None:
+                got = f"{len(e.partial)} of {hl} header bytes"
+            else:
+                got = f"{len(e.partial) - hl} of {e.expected} payload bytes"
+            self.gateway._quarantine(self, e.partial, f"connection closed inside a frame: {got} ({how})")
+
+
+class Gateway:
+    """TCP server landing framed messages; one listening port per stream in `settings.ports`.
+
+    Counters: `messages` (whole frames landed), `quarantined` (pieces of bad input landed with an
+    error), `connections` (open now), `connections_accepted` (since start).
+    """
+
+    def __init__(self, settings: Settings, lander: Lander | None = None):
+        self.settings = settings
+        self.framing = framing_of(settings)
+        self.lander: Lander | None = lander
+        self._owns_lander = lander is None
+        self._servers: dict[str, asyncio.AbstractServer] = {}
+        self._ports: dict[str, int] = {}
+        self._active: set[_Connection] = set()
+        self._idle = asyncio.Event()
+        self._rotator: asyncio.Task | None = None
+        self._stopping = False
+        self.messages = 0
+        self.quarantined = 0
+        self.connections_accepted = 0
+
+    @property
+    def connections(self) -> int:
+        return len(self._active)
+
+    @property
+    def landed(self) -> int:
+        """Everything landed: whole frames plus quarantined pieces."""
+        return self.messages + self.quarantined
+
+    @property
+    def bound_ports(self) -> dict[str, int]:
+        """Stream -> the port actually listened on (port 0 in settings means any free port)."""
+        return dict(self._ports)
+
+    async def start(self) -> None:
+        """Open the landing (LandingBusy if another process holds it) and listen on every port."""
+        if self.lander is None:
+            self.lander = Lander(self.settings)
+        loop = asyncio.get_running_loop()
+        host = self.settings.bind_host
+        try:
+            for stream, port in self.settings.ports.items():
+                self.settings.group_of(stream)  # an unknown stream fails here, before any client lands
+                try:
+                    self._servers[stream] = await loop.create_server(
+                        lambda stream=stream: _Connection(self, stream), host, port, backlog=1024
+                    )
+                except OSError as e:
+                    raise GatewayError(
+                        f"cannot listen for stream {stream!r} on {host}:{port}: {e.strerror or e}. "
+                        "Is another `eventide serve` running? Choose ports with EVENTIDE_PORTS."
+                    ) from e
+        except BaseException:
+            for server in self._servers.values():
+                server.close()
+            self._servers.clear()
+            if self._owns_lander:
+                self.lander.close()
+                self.lander = None
+            raise
+        self._ports = {stream: server.sockets[0].getsockname()[1] for stream, server in self._servers.items()}
+        self._rotator = loop.create_task(self._rotate_periodically())
+
+    async def _rotate_periodically(self) -> None:
+        # Lander rotates by size on append; closing by age needs a clock, which is this task.
+        while True:
+            await asyncio.sleep(ROTATE_INTERVAL_SECONDS)
+            try:
+                self.lander.rotate_due()
+            except Exception:
+                log.exception("closing a landing segment failed; will retry")
+
+    def flush(self) -> None:
+        """Close open segments now, making everything landed so far visible. Call on the loop."""
+        self.lander.flush()
+
+    async def stop(self) -> None:
+        """Stop listening, close client connections (landing any partial frame), close all segments."""
+        if self.lander is None:
+            return
+        self._stopping = True
+        for server in self._servers.values():
+            server.close()
+        if self._active:
+            self._idle.clear()
+            for conn in list(self._active):
+                conn.transport.close()
+            try:
+                await asyncio.wait_for(self._idle.wait(), timeout=5.0)
+            except asyncio.TimeoutError:
+                log.warning("%d connections did not close in time", len(self._active))
+        for server in self._servers.values():
+            await server.wait_closed()  # after closing the clients: on 3.12+ it waits for them
+        if self._rotator is not None:
+            self._rotator.cancel()
+            try:
+                await self._rotator
+            except asyncio.CancelledError:
+                pass
+        if self._owns_lander:
+            self.lander.close()
+            self.lander = None
+        else:
+            self.lander.flush()
+
+    def _quarantine(self, conn: _Connection, data: bytes, error: str) -> None:
+        self.lander.append(conn.stream, data, conn.conn_id, error=error)
+        self.quarantined += 1
+        log.warning("%s (%s): %s", conn.conn_id, conn.stream, error)
+
+
+class GatewayThread:
+    """A Gateway on its own event loop in a background thread (demo, tests, benchmarks).
+
+    `with GatewayThread(settings) as gw:` starts it and stops it (flushing segments) on exit.
+    """
+
+    def __init__(self, settings: Settings, lander: Lander | None = None):
+        self.settings = settings
+        self.gateway = Gateway(settings, lander)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._stop_requested: asyncio.Event | None = None
+        self._error: BaseException | None = None
+
+    def start(self, timeout: float = 30.0) -> GatewayThread:
+        """Start the thread; returns once every port is bound (or raises what start() raised)."""
+        self._thread = threading.Thread(
+            target=asyncio.run, args=(self._main(),), name="eventide-gateway", daemon=True
+        )
+        self._thread.start()
+        if not self._ready.wait(timeout):
+            raise TimeoutError(f"the gateway did not start within {timeout} s")
+        if self._error is not None:
+            self._thread.join()
+            raise self._error
+        return self
+
+    async def _main(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop_requested = asyncio.Event()
+        try:
+            await self.gateway.start()
+        except BaseException as e:
+            self._error = e
+            self._ready.set()
+            return
+        self._ready.set()
+        await self._stop_requested.wait()
+        try:
+            await self.gateway.stop()
+        except BaseException as e:
+            self._error = e
+
+    @property
+    def bound_ports(self) -> dict[str, int]:
+        return self.gateway.bound_ports
+
+    @property
+    def messages(self) -> int:
+        return self.gateway.messages
+
+    @property
+    def quarantined(self) -> int:
+        return self.gateway.quarantined
+
+    @property
+    def connections(self) -> int:
+        return self.gateway.connections
+
+    def wait_for_messages(self, n: int, timeout: float = 10.0) -> int:
+        """Wait until >= n messages (frames plus quarantined pieces) are landed; returns the count."""
+        deadline = time.monotonic() + timeout
+        while (landed := self.gateway.landed) < n:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the gateway landed {landed} messages within {timeout} s, expected {n}")
+            time.sleep(0.005)
+        return landed
+
+    def flush(self, timeout: float = 30.0) -> None:
+        """Close open segments now, from any thread."""
+        self._run_on_loop(self.gateway.flush, timeout)
+
+    def _run_on_loop(self, fn: Callable[[], object], timeout: float) -> object:
+        async def call() -> object:
+            return fn()
+
+        return asyncio.run_coroutine_threadsafe(call(), self._loop).result(timeout)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            return
+        self._loop.call_soon_threadsafe(self._stop_requested.set)
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise TimeoutError(f"the gateway did not stop within {timeout} s")
+        if self._error is not None:
+            raise self._error
+
+    def __enter__(self) -> GatewayThread:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)  # flushed: `eventide serve` output often goes to a pipe or a log file
+
+
+def serve_forever(
+    settings: Settings, progress: Callable[[str], None] = _say, progress_interval: float = 5.0
+) -> dict[str, int]:
+    """Run the gateway until SIGINT or SIGTERM, then close every segment. Main thread only.
+
+    Raises LandingBusy if another process holds the landing area, GatewayError if a port is taken.
+    Returns the final counters.
+    """
+    return asyncio.run(_serve(settings, progress, progress_interval))
+
+
+async def _serve(settings: Settings, progress: Callable[[str], None], progress_interval: float) -> dict:
+    gateway = Gateway(settings)
+    await gateway.start()
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    # Installed explicitly: a process started in the background by a shell inherits SIGINT ignored,
+    # and add_signal_handler replaces an ignored disposition with ours.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    host = settings.bind_host
+    progress(f"eventide gateway landing in {settings.landing}")
+    for stream, port in gateway.bound_ports.items():
+        progress(f"listening for {stream} on {host}:{port}")
+    started = last_time = time.monotonic()
+    last_count = 0
+    last_connections = 0
+    try:
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=progress_interval)
+            except asyncio.TimeoutError:
+                pass
+            now, landed, conns = time.monotonic(), gateway.landed, gateway.connections
+            if landed != last_count or conns != last_connections:  # quiet while idle
+                rate = (landed - last_count) / max(now - last_time, 1e-9)
+                progress(
+                    f"landed {landed} messages ({gateway.quarantined} quarantined), {rate:,.0f} msgs/s, "
+                    f"{conns} connections"
+                )
+            last_time, last_count, last_connections = now, landed, conns
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+        await gateway.stop()
+    totals = {
+        "messages": gateway.messages,
+        "quarantined": gateway.quarantined,
+        "connections": gateway.connections_accepted,
+    }
+    progress(
+        f"gateway stopped after {time.monotonic() - started:.1f} s: {gateway.messages} messages, "
+        f"{gateway.quarantined} quarantined, {gateway.connections_accepted} connections; all segments closed"
+    )
+    return totals

@@ -1,0 +1,175 @@
+"""Getting files into the landing area: over TCP to a running gateway (`send_files`, like Wallaroo's
+sender) or directly, without a network (`ingest_files`). Both produce the same messages.
+
+Messages of a file follow `transforms.framing.iter_file_messages`: a text file gives one message per
+line with its trailing newline; a `.msg` file is already framed and is sent byte for byte. With
+`end_of_day`, one message whose payload is exactly the marker (`END_OF_DAY`) follows each file.
+
+Every file is checked before anything is sent or landed, so a bad file in the list does not leave
+half a batch behind.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from transforms.framing import DEFAULT_FRAMING, Framing, iter_file_messages
+from transforms.landing import Lander
+from transforms.settings import Settings
+
+_SEND_BATCH_BYTES = 1 << 20  # frame lines into ~1 MiB writes: few syscalls, bounded memory
+
+
+class InputFileError(ValueError):
+    """A file cannot be sent: unreadable, an invalid `.msg` file, or a line over the frame limit."""
+
+
+class GatewayUnavailable(ConnectionError):
+    """Nothing accepts connections at the address; the message says how to start the gateway."""
+
+
+def _file_messages(path: Path, framing: Framing) -> Iterator[bytes]:
+    try:
+        yield from iter_file_messages(path, framing)
+    except OSError as e:
+        raise InputFileError(f"{path}: cannot read: {e.strerror or e}") from e
+    except ValueError as e:  # iter_file_messages names the file for an invalid .msg file
+        raise InputFileError(str(e)) from e
+
+
+def _check_file(path: Path, framing: Framing) -> int:
+    """Number of messages in the file; raises InputFileError if it cannot be sent whole."""
+    if path.is_dir():
+        raise InputFileError(f"{path}: is a directory, expected a file")
+    count = 0
+    for count, payload in enumerate(_file_messages(path, framing), start=1):
+        if len(payload) > framing.max_frame_bytes:
+            raise InputFileError(
+                f"{path}: line {count} is {len(payload)} bytes, over the frame limit of "
+                f"{framing.max_frame_bytes} bytes"
+            )
+    return count
+
+
+def _check_files(files: Iterable[str | os.PathLike], framing: Framing) -> list[tuple[Path, int]]:
+    paths = [Path(f) for f in files]
+    if not paths:
+        raise InputFileError("no files given")
+    return [(p, _check_file(p, framing)) for p in paths]
+
+
+def send_files(
+    stream: str,
+    files: Iterable[str | os.PathLike],
+    host: str,
+    port: int,
+    end_of_day: bool = False,
+    framing: Framing = DEFAULT_FRAMING,
+    marker: str = "END_OF_DAY",
+    timeout: float = 60.0,
+) -> int:
+    """Send the files' messages over one TCP connection; returns how many messages were sent.
+
+    After sending, the socket is half-closed and this waits for the gateway to close its side, which it
+    does only after landing and syncing everything received: when this returns, the messages are
+    landed (visible to pipelines once their segment closes, within `segment_max_seconds`).
+    """
+    plan = _check_files(files, framing)
+    marker_frame = framing.encode(marker.encode())
+    where = f"{host}:{port}"
+    try:
+        sock = socket.create_connection((host, port), timeout=timeout)
+    except ConnectionRefusedError:
+        raise GatewayUnavailable(
+            f"cannot send {stream}: connection to {where} refused. Is `eventide serve` running? Start it, "
+            f"or land the files without a network with `eventide ingest {stream} FILE...`."
+        ) from None
+    except OSError as e:
+        raise GatewayUnavailable(f"cannot send {stream}: cannot connect to {where}: {e.strerror or e}") from e
+    sent = 0
+    with sock:
+        try:
+            for path, count in plan:
+                if path.suffix == ".msg":
+                    sock.sendall(path.read_bytes())  # already framed and checked: byte for byte
+                else:
+                    for chunk in _framed_chunks(_file_messages(path, framing), framing):
+                        sock.sendall(chunk)
+                sent += count
+                if end_of_day:
+                    sock.sendall(marker_frame)
+                    sent += 1
+            _wait_until_landed(sock, timeout)
+        except (BrokenPipeError, ConnectionResetError) as e:
+            raise ConnectionError(
+                f"the gateway at {where} closed the connection while sending {stream} "
+                f"(after about {sent} messages): {e.strerror or e}. Its framing limits may differ from "
+                "the sender's; the gateway quarantines what it could not frame."
+            ) from e
+        except TimeoutError:
+            raise TimeoutError(
+                f"sending {stream} to {where} timed out after about {sent} messages: the gateway did not "
+                f"read or confirm them within {timeout} s"
+            ) from None
+    return sent
+
+
+def _framed_chunks(payloads: Iterable[bytes], framing: Framing) -> Iterator[bytes]:
+    batch: list[bytes] = []
+    size = 0
+    for payload in payloads:
+        batch.append(payload)
+        size += len(payload) + framing.header_length
+        if size >= _SEND_BATCH_BYTES:
+            yield framing.encode_many(batch)
+            batch, size = [], 0
+    if batch:
+        yield framing.encode_many(batch)
+
+
+def _wait_until_landed(sock: socket.socket, timeout: float) -> None:
+    # Half-close: the gateway sees end of stream, lands the tail and closes its side; our recv then
+    # returns b"". Without this, a sender exiting right after sendall could not know what was landed.
+    sock.shutdown(socket.SHUT_WR)
+    sock.settimeout(timeout)
+    while sock.recv(4096):
+        pass  # the gateway sends nothing; a peer that does is drained until it closes
+
+
+def ingest_files(
+    settings: Settings,
+    stream: str,
+    files: Iterable[str | os.PathLike],
+    end_of_day: bool = False,
+    lander: Lander | None = None,
+) -> int:
+    """Land the files' messages through a Lander, without a network; returns how many were landed.
+
+    Segments are closed before returning, so the messages are visible to the pipelines. Raises
+    LandingBusy if a running gateway holds the landing area (send through it instead).
+    """
+    settings.group_of(stream)  # an unknown stream fails before anything is read
+    framing = Framing(settings.header_length, settings.length_fmt, settings.max_frame_bytes)
+    plan = _check_files(files, framing)
+    marker = settings.marker.encode()
+    own_lander = lander is None
+    if own_lander:
+        lander = Lander(settings)
+    landed = 0
+    try:
+        for path, _count in plan:
+            connection = f"file:{path.name}"
+            for payload in _file_messages(path, framing):
+                lander.append(stream, payload, connection)
+                landed += 1
+            if end_of_day:
+                lander.append(stream, marker, connection)
+                landed += 1
+        lander.flush()
+    finally:
+        if own_lander:
+            lander.close()
+    return landed

@@ -1,0 +1,259 @@
+"""The landing log: exact bytes, one global sequence, visibility only when closed, crash recovery."""
+
+from __future__ import annotations
+
+import datetime as dt
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from transforms.landing import LANDING_SCHEMA, Lander, LandingBusy, list_segments, read_landed
+from transforms.settings import Settings
+
+
+class FakeClock:
+    def __init__(self, start: float = 1_700_000_000.0):
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def settings(tmp_path) -> Settings:
+    return Settings(home=tmp_path / "home")
+
+
+def rows(settings: Settings, group: str) -> list[dict]:
+    return read_landed(settings, group).to_pylist()
+
+
+def journals(settings: Settings, group: str) -> list[Path]:
+    return sorted((settings.landing / group).glob(".journal-*"))
+
+
+def test_flush_writes_exact_payloads_in_sequence_order(settings):
+    clock = FakeClock()
+    payloads = [b"", b"\x00\xff binary \r\n", b"line\n", bytes(range(256)) * 10]
+    with Lander(settings, clock=clock) as lander:
+        seqs = []
+        for i, p in enumerate(payloads):
+            clock.now += 0.25
+            seqs.append(lander.append("logs", p, connection=f"c{i}"))
+        assert list_segments(settings) == []  # nothing is visible before its segment closes
+        lander.flush()
+        assert len(list_segments(settings, "logs")) == 1
+    assert seqs == [1, 2, 3, 4]
+    got = rows(settings, "logs")
+    assert [r["payload"] for r in got] == payloads
+    assert [r["seq"] for r in got] == seqs
+    assert [r["connection"] for r in got] == ["c0", "c1", "c2", "c3"]
+    assert {r["stream"] for r in got} == {"logs"}
+    assert all(r["landing_error"] is None for r in got)
+    start = dt.datetime.fromtimestamp(1_700_000_000, dt.timezone.utc)
+    assert [r["receive_time"] for r in got] == [
+        start + dt.timedelta(seconds=0.25 * (i + 1)) for i in range(4)
+    ]
+    assert pq.read_schema(list_segments(settings, "logs")[0]).equals(LANDING_SCHEMA)
+
+
+def test_segment_name_covers_its_sequence_range(settings):
+    with Lander(settings) as lander:
+        for i in range(5):
+            lander.append("text", str(i).encode())
+    (segment,) = list_segments(settings, "text")
+    assert segment.name == f"seg-{1:020d}-{5:020d}.parquet"
+    assert journals(settings, "text") == []
+
+
+def test_sequence_continues_across_restarts(settings):
+    with Lander(settings) as lander:
+        lander.append("logs", b"a")
+        lander.append("text", b"b")
+    with Lander(settings) as lander:
+        assert lander.next_seq == 3
+        assert lander.append("logs", b"c") == 3
+    assert [r["seq"] for r in rows(settings, "logs")] == [1, 3]
+    assert [r["payload"] for r in rows(settings, "logs")] == [b"a", b"c"]
+
+
+def test_rotation_by_size_keeps_sequence_contiguous(tmp_path):
+    settings = Settings(home=tmp_path, segment_max_bytes=1000)
+    with Lander(settings) as lander:
+        for i in range(100):
+            lander.append("logs", b"%04d" % i + b"x" * 60)
+        assert lander.segments_closed >= 5
+    segments = list_segments(settings, "logs")
+    assert len(segments) >= 6
+    got = rows(settings, "logs")
+    assert [r["seq"] for r in got] == list(range(1, 101))
+    assert [r["payload"][:4] for r in got] == [b"%04d" % i for i in range(100)]
+
+
+def test_rotation_by_time(tmp_path):
+    settings = Settings(home=tmp_path, segment_max_seconds=0.5)
+    clock = FakeClock()
+    with Lander(settings, clock=clock) as lander:
+        lander.append("logs", b"a")
+        clock.now += 0.4
+        assert lander.rotate_due() == 0
+        clock.now += 0.1
+        assert lander.rotate_due() == 1
+        assert [r["payload"] for r in rows(settings, "logs")] == [b"a"]
+        assert lander.rotate_due() == 0  # no open segment until the next append
+
+
+def test_stream_groups_share_one_folder_and_one_sequence(settings):
+    with Lander(settings) as lander:
+        lander.append("market_data", b"md1")
+        lander.append("orders", b"o1")
+        lander.append("logs", b"log1")
+        lander.append("market_data", b"md2")
+        lander.append("orders", b"o2")
+    assert sorted(p.name for p in settings.landing.iterdir() if p.is_dir()) == ["logs", "market"]
+    market = rows(settings, "market")
+    assert [(r["stream"], r["payload"], r["seq"]) for r in market] == [
+        ("market_data", b"md1", 1),
+        ("orders", b"o1", 2),
+        ("market_data", b"md2", 4),
+        ("orders", b"o2", 5),
+    ]
+    assert [r["seq"] for r in rows(settings, "logs")] == [3]
+
+
+def test_unknown_stream_is_refused(settings):
+    with Lander(settings) as lander, pytest.raises(ValueError, match="unknown stream 'nope'"):
+        lander.append("nope", b"x")
+
+
+def test_second_lander_on_the_same_landing_is_busy(settings):
+    with Lander(settings):
+        with pytest.raises(LandingBusy, match="in use by process"):
+            Lander(settings)
+    with Lander(settings):  # released on close
+        pass
+
+
+def test_process_crash_with_open_journal_is_recovered(settings):
+    """A real crash: another process syncs its journal and exits without closing anything."""
+    script = textwrap.dedent(
+        f"""
+        import os
+        from pathlib import Path
+        from transforms.landing import Lander
+        from transforms.settings import Settings
+        lander = Lander(Settings(home=Path({str(settings.home)!r})))
+        lander.append("market_data", b"m1", "crash")
+        lander.append("orders", b"o1", "crash")
+        lander.append("logs", b"l1", "crash")
+        lander.sync()
+        lander.append("logs", b"never synced", "crash")
+        os._exit(9)  # no close, no buffer flush, no lock release: like SIGKILL
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], timeout=60, capture_output=True)
+    assert done.returncode == 9, done.stderr.decode()
+    assert journals(settings, "market") and journals(settings, "logs")
+    assert list_segments(settings) == []
+    with Lander(settings) as lander:
+        assert journals(settings, "market") == journals(settings, "logs") == []
+        assert lander.next_seq == 4
+        assert lander.append("logs", b"l2") == 4
+    assert [(r["payload"], r["seq"]) for r in rows(settings, "market")] == [(b"m1", 1), (b"o1", 2)]
+    assert [(r["payload"], r["seq"]) for r in rows(settings, "logs")] == [(b"l1", 3), (b"l2", 4)]
+    assert all(r["landing_error"] is None for r in rows(settings, "market") + rows(settings, "logs"))
+
+
+def crash_copy(settings: Settings, lander: Lander, to: Path) -> Settings:
+    """The landing area as a crash would leave it right now (journals synced, nothing closed)."""
+    lander.sync()
+    shutil.copytree(settings.home, to)
+    return Settings(home=to)
+
+
+def test_torn_tail_record_is_quarantined_not_dropped(settings, tmp_path):
+    with Lander(settings) as lander:
+        for i in range(3):
+            lander.append("logs", b"whole %d" % i, "c")
+        crashed = crash_copy(settings, lander, tmp_path / "crashed")
+    (journal,) = journals(crashed, "logs")
+    whole = journal.read_bytes()
+    lander_two = Lander(Settings(home=tmp_path / "scratch"))
+    lander_two.append("logs", b"the record being written", "c")
+    lander_two.sync()
+    next_record = journals(lander_two.settings, "logs")[0].read_bytes()
+    lander_two.close()
+    torn = next_record[:-5]  # the crash hit in the middle of the fourth record
+    journal.write_bytes(whole + torn)
+
+    with Lander(crashed) as recovered:
+        assert recovered.next_seq == 5
+    got = rows(crashed, "logs")
+    assert [r["payload"] for r in got[:3]] == [b"whole 0", b"whole 1", b"whole 2"]
+    assert [r["landing_error"] for r in got[:3]] == [None, None, None]
+    assert len(got) == 4
+    quarantined = got[3]
+    assert quarantined["payload"] == torn
+    assert quarantined["seq"] == 4
+    assert quarantined["stream"] == "logs"
+    assert quarantined["connection"] == "recovery"
+    assert "torn journal record" in quarantined["landing_error"]
+    assert f"{len(torn)} bytes" in quarantined["landing_error"]
+
+
+def test_corrupt_record_and_everything_after_it_is_quarantined(settings, tmp_path):
+    with Lander(settings) as lander:
+        for i in range(3):
+            lander.append("text", b"record %d" % i)
+        crashed = crash_copy(settings, lander, tmp_path / "crashed")
+    (journal,) = journals(crashed, "text")
+    data = bytearray(journal.read_bytes())
+    second_payload_at = data.index(b"record 1")
+    data[second_payload_at] ^= 0xFF  # a flipped bit fails the CRC
+    journal.write_bytes(bytes(data))
+    Lander(crashed).close()
+    got = rows(crashed, "text")
+    assert [r["payload"] for r in got[:1]] == [b"record 0"]
+    assert len(got) == 2
+    assert got[1]["landing_error"] and b"record 2" in got[1]["payload"]
+
+
+def test_journal_left_after_its_segment_closed_is_not_landed_twice(settings, tmp_path):
+    """Crash between renaming the segment into place and deleting the journal."""
+    with Lander(settings) as lander:
+        lander.append("logs", b"a")
+        lander.append("logs", b"b")
+        lander.sync()
+        (journal,) = journals(settings, "logs")
+        saved = journal.read_bytes()
+        lander.flush()
+    journal.write_bytes(saved)
+    (settings.landing / "logs" / ".seg-left-over.parquet.tmp").write_bytes(b"half written")
+    with Lander(settings) as lander:
+        assert lander.next_seq == 3
+    assert [r["payload"] for r in rows(settings, "logs")] == [b"a", b"b"]
+    assert journals(settings, "logs") == []
+    assert not list((settings.landing / "logs").glob(".seg-*"))
+
+
+def test_torn_record_sequence_is_unique_across_groups(settings, tmp_path):
+    with Lander(settings) as lander:
+        lander.append("logs", b"one")
+        lander.append("market_data", b"two")
+        crashed = crash_copy(settings, lander, tmp_path / "crashed")
+    (journal,) = journals(crashed, "logs")
+    journal.write_bytes(journal.read_bytes() + b"\x00\x00\x00\x30torn")
+    with Lander(crashed) as lander:
+        assert lander.next_seq == 4
+    seqs = [r["seq"] for group in ("logs", "market") for r in rows(crashed, group)]
+    assert sorted(seqs) == [1, 2, 3]
+
+
+def test_read_landed_of_an_empty_group(settings):
+    table = read_landed(settings, "logs")
+    assert table.num_rows == 0 and table.schema.equals(LANDING_SCHEMA)
