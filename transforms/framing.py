@@ -5,6 +5,7 @@ The one implementation used by the gateway, the sender, `ingest` and the decoder
 
 from __future__ import annotations
 
+import io
 import struct
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -127,4 +128,5 @@ def iter_file_messages(path, framing: Framing = DEFAULT_FRAMING) -> Iterator[byt
         except (TruncatedFrame, FrameTooLarge) as e:
             raise ValueError(f"{path}: not a valid framed .msg file: {e}") from e
         return
-    yield from data.splitlines(keepends=True)
+    # Split on LF only (like Wallaroo's sender): CRLF lines stay whole, a lone CR stays inside its line.
+    yield from io.BytesIO(data).readlines()

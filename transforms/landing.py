@@ -78,7 +78,8 @@ def list_segments(settings: Settings, group: str | None = None) -> list[Path]:
 
 
 def _encode_record(seq: int, recv_us: int, stream: str, conn: str, err: str | None, payload: bytes) -> bytes:
-    s, c, e = stream.encode(), conn.encode(), (err or "").encode()
+    # Lengths are stored in 2 bytes: keep names and reasons within that.
+    s, c, e = stream.encode()[:65535], conn.encode()[:65535], (err or "").encode()[:65535]
     body = _BODY_HEAD.pack(seq, recv_us, len(s), len(c), len(e)) + s + c + e + payload
     return _REC_HEAD.pack(len(body), zlib.crc32(body)) + body
 
@@ -141,36 +142,39 @@ class Lander:
         self._open: dict[str, _OpenSegment] = {}
         self.segments_closed = 0
         self.messages_landed = 0
-        self._next_seq = self._recover() + 1
+        try:
+            self._next_seq = self._recover() + 1
+        except BaseException:
+            self._release()
+            raise
 
     # -- recovery ------------------------------------------------------------------------------
     def _recover(self) -> int:
-        last = 0
-        for seg in list_segments(self.settings):
-            last = max(last, parse_segment_name(seg.name)[1])
+        """Turn leftover journals into segments; returns the last sequence number in use.
+
+        Two passes: first the highest sequence anywhere (segments and every journal's whole records),
+        then torn tails are numbered after it, so no number is given twice across groups.
+        """
+        last = max((parse_segment_name(p.name)[1] for p in list_segments(self.settings)), default=0)
+        pending = []
         for group_dir in sorted(p for p in self.root.iterdir() if p.is_dir()):
             for tmp in group_dir.glob(".seg-*"):
                 tmp.unlink()  # never renamed: its journal is still there
+            closed = max((parse_segment_name(p.name)[1] for p in list_segments(self.settings, group_dir.name)), default=0)
             for journal in sorted(group_dir.glob(".journal-*")):
                 records, torn = _read_journal(journal)
-                closed = max((parse_segment_name(p.name)[1] for p in list_segments(self.settings, group_dir.name)), default=0)
                 records = [r for r in records if r[1] > closed]  # closed already, journal not yet deleted
-                if torn:
-                    seq = max([last, closed, *(r[1] for r in records)]) + 1
-                    records.append(
-                        (
-                            self._torn_stream(group_dir.name),
-                            seq,
-                            int(journal.stat().st_mtime * 1e6),
-                            "recovery",
-                            torn,
-                            f"torn journal record after a crash ({len(torn)} bytes) in {journal.name}",
-                        )
-                    )
-                if records:
-                    self._write_segment(group_dir, records)
-                    last = max(last, records[-1][1])
-                journal.unlink()
+                last = max([last, *(r[1] for r in records)])
+                pending.append((group_dir, journal, records, torn))
+        for group_dir, journal, records, torn in pending:
+            if torn:
+                last += 1
+                reason = f"torn journal record after a crash ({len(torn)} bytes) in {journal.name}"
+                records.append((self._torn_stream(group_dir.name), last, int(journal.stat().st_mtime * 1e6),
+                                "recovery", torn, reason))
+            if records:
+                self._write_segment(group_dir, sorted(records, key=lambda r: r[1]))
+            journal.unlink()
         return last
 
     def _torn_stream(self, group: str) -> str:
@@ -215,7 +219,12 @@ class Lander:
             self._close_segment(g)
 
     def close(self) -> None:
-        self.flush()
+        try:
+            self.flush()
+        finally:
+            self._release()
+
+    def _release(self) -> None:
         if not self._lock_file.closed:
             fcntl.flock(self._lock_file, fcntl.LOCK_UN)
             self._lock_file.close()
