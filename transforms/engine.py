@@ -87,6 +87,23 @@ QUARANTINE_SCHEMA = pa.schema(
 )
 
 
+# -- message serialization -------------------------------------------------------------------------
+_BY_VALUE: set[type] = set()
+
+
+def dumps(obj: Any) -> bytes:
+    """Pickle a message, output or state. Classes defined in a user's `__main__` script cannot be found
+    by name in Spark's workers, so those (remembered per type) go through cloudpickle, by value."""
+    if type(obj) not in _BY_VALUE:
+        try:
+            return pickle.dumps(obj, protocol=5)
+        except (pickle.PicklingError, AttributeError, TypeError):
+            _BY_VALUE.add(type(obj))
+    from pyspark import cloudpickle
+
+    return cloudpickle.dumps(obj, protocol=5)
+
+
 # -- context for user code (timers, key) ------------------------------------------------------------
 @dataclass
 class Context:
@@ -199,8 +216,11 @@ def _describe(e: BaseException) -> str:
 def _call(step_name: str, fail_fast: bool, fn: Callable, *args):
     try:
         return fn(*args)
-    except UserFunctionError:
-        raise
+    except UserFunctionError as e:
+        # A broken contract (e.g. wrong return type): the message says which function and what it returned.
+        if fail_fast:
+            raise
+        raise _Quarantine(step_name, str(e)) from None
     except Exception as e:
         if fail_fast:
             raise RuntimeError(f"{step_name!r} raised on a message (EVENTIDE_FAIL_FAST is on): {_describe(e)}") from e
@@ -233,6 +253,15 @@ def _frame_to_records(name: str, out: Any) -> list:
 
 
 # -- pre stage: decode, stateless steps, key --------------------------------------------------------
+def _emit(out: dict, cols: dict, i: int, kind, seq, part, branch, key, msg, step, reason, payload) -> None:
+    """Append one envelope to `out`, carrying input row i's landing metadata."""
+    for name, value in (("kind", kind), ("seq", seq), ("part", part), ("branch", branch), ("key", key), ("msg", msg),
+                        ("step", step), ("reason", reason), ("payload", payload)):
+        out[name].append(value)
+    for name in ("stream", "receive_time", "connection"):
+        out[name].append(cols[name][i])
+
+
 def make_pre_stage(plan: QueryPlan, fail_fast: bool) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     by_stream = {b.stream: (i, b) for i, b in enumerate(plan.branches)}
     quarantine_landing = plan.quarantine_landing_errors
@@ -243,19 +272,8 @@ def make_pre_stage(plan: QueryPlan, fail_fast: bool) -> Callable[[Iterator[pa.Re
             cols = batch.to_pydict()
             out: dict[str, list] = {f.name: [] for f in ENVELOPE}
 
-            def emit(kind, seq, part, branch, key, msg, i, step=None, reason=None, payload=None):
-                out["kind"].append(kind)
-                out["seq"].append(seq)
-                out["part"].append(part)
-                out["branch"].append(branch)
-                out["key"].append(key)
-                out["msg"].append(msg)
-                out["stream"].append(cols["stream"][i])
-                out["receive_time"].append(cols["receive_time"][i])
-                out["connection"].append(cols["connection"][i])
-                out["step"].append(step)
-                out["reason"].append(reason)
-                out["payload"].append(payload)
+            def emit(kind, seq, part, branch, key, msg, i, step=None, reason=None, payload=None, out=out, cols=cols):
+                _emit(out, cols, i, kind, seq, part, branch, key, msg, step, reason, payload)
 
             for i in range(batch.num_rows):
                 seq = cols["seq"][i]
@@ -282,7 +300,7 @@ def make_pre_stage(plan: QueryPlan, fail_fast: bool) -> Callable[[Iterator[pa.Re
                     continue
                 for part, m in enumerate(msgs):
                     emit("msg" if keyed else "out", seq, part, branch_no, keys[part] if keyed else None,
-                         pickle.dumps(m, protocol=5), i)
+                         dumps(m), i)
             yield pa.RecordBatch.from_pydict(out, schema=ENVELOPE)
 
     return pre_stage
@@ -322,7 +340,7 @@ class KeyedStateProcessor(StatefulProcessor):
             out = _run_key(df, states, self.plan.branches, self.fail_fast)
         finally:
             _context.reset(token)
-        self.value.update((pickle.dumps(states, protocol=5),))
+        self.value.update((dumps(states),))
         yield out
 
     def handleExpiredTimer(self, key, timerValues, expiredTimerInfo) -> Iterator[pd.DataFrame]:
@@ -336,10 +354,10 @@ class KeyedStateProcessor(StatefulProcessor):
                 if isinstance(sc, StateComputation) and sc.on_timer:
                     state = _state_for(states, sc)
                     outs = normalize_outputs(sc.name, sc.on_timer(key, state, expiredTimerInfo.getExpiryTimeInMs()))
-                    rows.extend(("out", -1, j, bno, key, pickle.dumps(o, protocol=5)) for j, o in enumerate(outs))
+                    rows.extend(("out", -1, j, bno, key, dumps(o)) for j, o in enumerate(outs))
         finally:
             _context.reset(token)
-        self.value.update((pickle.dumps(states, protocol=5),))
+        self.value.update((dumps(states),))
         yield _envelope_frame(rows, None)
 
     def close(self) -> None:
@@ -376,7 +394,9 @@ def _envelope_frame(rows: list[tuple], src: pd.DataFrame | None) -> pd.DataFrame
         df["receive_time"] = pd.Series([], dtype="datetime64[us, UTC]") if not len(rows) else pd.NaT
         df["connection"] = None
         df["payload"] = None
-    return df[[f.name for f in ENVELOPE]].astype({"seq": "int64", "part": "int32", "branch": "int32"})
+    # step/reason as object: an empty frame would make them float64, which Arrow cannot give Spark as strings.
+    return df[[f.name for f in ENVELOPE]].astype({"seq": "int64", "part": "int32", "branch": "int32",
+                                                  "step": object, "reason": object})
 
 
 def _run_key(df: pd.DataFrame, states: dict, branches: tuple, fail_fast: bool) -> pd.DataFrame:
@@ -409,7 +429,7 @@ def _run_key(df: pd.DataFrame, states: dict, branches: tuple, fail_fast: bool) -
             rows.append(("quarantine", seq, int(df["part"].iat[i]), int(branch_col[i]), df["key"].iat[i], None, q.step, q.reason, i))
         else:
             base = int(df["part"].iat[i]) * 1000
-            rows.extend(("out", seq, base + j, int(branch_col[i]), df["key"].iat[i], pickle.dumps(o, protocol=5), None, None, i)
+            rows.extend(("out", seq, base + j, int(branch_col[i]), df["key"].iat[i], dumps(o), None, None, i)
                         for j, o in enumerate(outs))
         i += 1
     return _envelope_frame(rows, df)
@@ -433,7 +453,7 @@ def _run_batch(df, i, j, sc: StateComputation, rest, states, fail_fast) -> list[
         s = rec.pop("_seq", None) if isinstance(rec, dict) else None
         k = seq_pos.get(int(s), last) if s is not None else last
         rows.append(("out", int(df["seq"].iat[k]), n_out, int(df["branch"].iat[k]), df["key"].iat[k],
-                     pickle.dumps(rec, protocol=5), None, None, k))
+                     dumps(rec), None, None, k))
     return rows
 
 

@@ -78,13 +78,13 @@ def merge_once(
 ) -> bool:
     """Upsert rows by `keys` as batch `batch_id` of `app_id`, exactly once.
 
-    With several rows per key in `data`, the last by `order_by` wins (the key's latest state).
+    With several rows per key in `data`, the last wins (by `order_by`, else by row order).
     """
     done = committed_batch(path, app_id)
     if done is not None and done >= batch_id:
         return False
-    if order_by and data.num_rows:
-        data = _last_per_key(data, keys, order_by)
+    if data.num_rows:
+        data = _last_per_key(data, keys, order_by or [])
     if not exists(path):
         write_deltalake(str(path), data, mode="append", commit_properties=_commit(app_id, batch_id, None))
         return True
@@ -101,7 +101,9 @@ def merge_once(
 
 def _last_per_key(data: pa.Table, keys: Sequence[str], order_by: Sequence[str]) -> pa.Table:
     df = data.to_pandas()
-    df = df.sort_values(list(order_by), kind="stable").drop_duplicates(list(keys), keep="last")
+    if order_by:
+        df = df.sort_values(list(order_by), kind="stable")
+    df = df.drop_duplicates(list(keys), keep="last")
     return pa.Table.from_pandas(df, schema=data.schema, preserve_index=False)
 
 

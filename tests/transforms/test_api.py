@@ -1,0 +1,203 @@
+"""The application API and the engine's per-key logic, without Spark."""
+
+import pickle
+from collections import namedtuple
+from dataclasses import dataclass
+
+import pandas as pd
+import pytest
+
+from transforms.api import (
+    UserFunctionError,
+    computation,
+    computation_multi,
+    merge,
+    normalize_outputs,
+    source,
+    state_computation,
+    to_record,
+)
+from transforms.engine import _run_key, make_pre_stage, plan_queries
+from transforms.settings import Settings
+
+
+@computation("double")
+def double(x):
+    return x * 2
+
+
+@computation("drop odd")
+def drop_odd(x):
+    return x if x % 2 == 0 else None
+
+
+@computation_multi("explode")
+def explode(x):
+    return [x, x]
+
+
+@computation_multi("bad multi")
+def bad_multi(x):
+    return "not a list"
+
+
+class Total:
+    def __init__(self):
+        self.n = 0
+
+
+@state_computation("add", state=Total)
+def add(x, total):
+    total.n += x
+    return total.n
+
+
+def add_frame(df, total):
+    out = []
+    for _seq, x in zip(df["_seq"], df["value"]):
+        total.n += x
+        out.append({"value": total.n, "_seq": _seq})
+    return pd.DataFrame(out)
+
+
+add_batch = state_computation("add batch", state=Total, batch=True)(add_frame)
+
+
+@state_computation("old style", state=Total)
+def old_style(x, total):
+    total.n += 1
+    return (x, True)
+
+
+def test_computations_return_lists():
+    assert double.apply(3) == [6]
+    assert drop_odd.apply(3) == []
+    assert explode.apply(1) == [1, 1]
+    with pytest.raises(UserFunctionError, match="bad multi.*returned str"):
+        bad_multi.apply(1)
+
+
+def test_wallaroo_tuple_form_and_none():
+    assert old_style.apply(5, Total()) == [5]
+    assert normalize_outputs("x", None) == []
+    assert normalize_outputs("x", [1, None, 2]) == [1, 2]
+
+
+def test_state_computation_must_take_message_and_state():
+    with pytest.raises(TypeError, match="must take \\(message, state\\)"):
+        state_computation("bad", state=Total)(lambda x: x)
+
+
+def test_to_record():
+    @dataclass
+    class A:
+        x: int
+
+    N = namedtuple("N", "y")
+    assert to_record(A(1)) == {"x": 1}
+    assert to_record(N(2)) == {"y": 2}
+    assert to_record({"z": 3}) == {"z": 3}
+    assert to_record(4) == {"value": 4}
+
+
+def test_pipeline_builder_rules():
+    with pytest.raises(ValueError, match="key_by"):
+        source("text").to(add)
+    with pytest.raises(ValueError, match="must be keyed"):
+        merge(source("market_data").key_by(str), source("orders"))
+    p = source("text").to(double).key_by(str).to(add).to(double)
+    assert p.pre_steps == [double]
+    assert p.post_steps == [add, double]
+
+
+def test_merged_streams_must_share_a_sequence_group():
+    from transforms.api import Application, DeltaSink
+
+    app = Application("x", merge(source("text").key_by(str).to(add), source("logs").key_by(str).to(add)).to_sink(DeltaSink("t")))
+    with pytest.raises(ValueError, match="different sequence groups"):
+        plan_queries(app, Settings())
+
+
+def _envelopes(seqs, values, branch=0):
+    return pd.DataFrame(
+        {
+            "kind": "msg",
+            "seq": seqs,
+            "part": 0,
+            "branch": branch,
+            "key": "k",
+            "msg": [pickle.dumps(v) for v in values],
+            "stream": "text",
+            "receive_time": pd.Timestamp("2024-01-01", tz="UTC"),
+            "connection": "c",
+            "step": None,
+            "reason": None,
+            "payload": None,
+        }
+    )
+
+
+def _outs(frame):
+    return [pickle.loads(m) for m in frame.sort_values(["seq", "part"])["msg"]]
+
+
+def test_a_keys_messages_apply_in_sequence_order_whatever_the_input_order():
+    branches = (source("text").key_by(str).to(add),)
+    seqs = [5, 1, 4, 2, 3]
+    df = _envelopes(seqs, [s * 10 for s in seqs]).sort_values(["seq", "part"]).reset_index(drop=True)
+    states = {}
+    out = _run_key(df, states, branches, fail_fast=False)
+    assert list(out["seq"]) == [1, 2, 3, 4, 5]
+    assert _outs(out) == [10, 30, 60, 100, 150]  # running totals in sequence order
+    assert next(iter(states.values())).n == 150
+
+
+def test_batch_form_equals_one_message_form():
+    seqs = list(range(1, 8))
+    values = [3, 1, 4, 1, 5, 9, 2]
+    one = _run_key(_envelopes(seqs, values), {}, (source("text").key_by(str).to(add),), False)
+    batch_branch = (source("text").key_by(str).to(add_batch),)
+    batch = _run_key(_envelopes(seqs, [{"value": v} for v in values]), {}, batch_branch, False)
+    assert _outs(one) == [r["value"] for r in _outs(batch)]
+    assert list(one["seq"]) == list(batch["seq"])
+
+
+def test_a_raising_state_computation_quarantines_only_that_message():
+    @state_computation("fragile", state=Total)
+    def fragile(x, total):
+        if x == 2:
+            raise ZeroDivisionError("boom")
+        total.n += x
+        return total.n
+
+    out = _run_key(_envelopes([1, 2, 3], [1, 2, 3]), {}, (source("text").key_by(str).to(fragile),), False)
+    assert list(out["kind"]) == ["out", "quarantine", "out"]
+    q = out[out.kind == "quarantine"].iloc[0]
+    assert q.step == "fragile" and "ZeroDivisionError: boom" in q.reason
+    with pytest.raises(RuntimeError, match="fragile.*EVENTIDE_FAIL_FAST"):
+        _run_key(_envelopes([1, 2, 3], [1, 2, 3]), {}, (source("text").key_by(str).to(fragile),), True)
+
+
+def test_pre_stage_quarantines_undecodable_payloads_and_landing_errors():
+    import pyarrow as pa
+
+    from transforms.api import Application, DeltaSink
+    from transforms.landing import LANDING_SCHEMA
+
+    shout = computation("shout")(lambda line: line.text.upper())
+    app = Application("t", source("text").to(shout).to_sink(DeltaSink("t")), quarantine_landing_errors=True)
+    (plan,) = plan_queries(app, Settings())
+    batch = pa.RecordBatch.from_pylist(
+        [
+            {"stream": "text", "seq": 1, "receive_time": None, "connection": "c", "payload": b"ab", "landing_error": None},
+            {"stream": "text", "seq": 2, "receive_time": None, "connection": "c", "payload": b"\xff", "landing_error": None},
+            {"stream": "text", "seq": 3, "receive_time": None, "connection": "c", "payload": b"x", "landing_error": "partial frame"},
+        ],
+        schema=LANDING_SCHEMA,
+    )
+    (out,) = list(make_pre_stage(plan, fail_fast=False)(iter([batch])))
+    rows = out.to_pylist()
+    assert [r["kind"] for r in rows] == ["out", "quarantine", "quarantine"]
+    assert pickle.loads(rows[0]["msg"]) == "AB"
+    assert rows[1]["step"] == "decoder decode_text" and "UnicodeDecodeError" in rows[1]["reason"]
+    assert rows[2]["step"] == "gateway" and rows[2]["reason"] == "partial frame" and rows[2]["payload"] == b"x"

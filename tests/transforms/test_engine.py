@@ -1,0 +1,90 @@
+"""The engine on real Spark and real Delta tables: word count, ordering, quarantine, the README app."""
+
+import json
+import re
+
+import pytest
+
+from tests.conftest import DATA, REPO, land
+from transforms import lake
+from transforms.api import Application, DeltaSink, source, state_computation
+from transforms.apps.words import word_count
+from transforms.engine import run_application
+
+pytestmark = pytest.mark.spark
+
+EXPECTED = json.loads((DATA / "word_count" / "_expected.json").read_text())
+LINES = [ln for ln in (DATA / "word_count" / "count_this.txt").read_bytes().splitlines(keepends=True) if ln.strip()]
+
+
+def _word_results(settings):
+    updates = lake.read(settings.table_path("word_count_updates")).to_pandas().sort_values(["seq", "part"])
+    totals = lake.read(settings.table_path("word_totals")).to_pandas()
+    return updates, dict(zip(totals.word, totals["count"]))
+
+
+@pytest.mark.parametrize("partitions", [1, 2, 4])
+def test_word_count_equals_expected_whatever_the_partitions(spark, settings, partitions):
+    land(settings, "text", LINES)
+    spark.conf.set("spark.sql.shuffle.partitions", str(partitions))  # a new checkpoint takes it
+    try:
+        run_application(spark, word_count, settings)
+    finally:
+        spark.conf.set("spark.sql.shuffle.partitions", "2")
+    updates, totals = _word_results(settings)
+    assert len(updates) == 482
+    assert totals == EXPECTED
+    # Running counts: each word's updates count 1, 2, 3, ... in sequence order.
+    for word, group in updates.groupby("word"):
+        assert list(group["count"]) == list(range(1, EXPECTED[word] + 1)), word
+
+
+def test_word_count_split_across_runs_equals_one_run(spark, settings):
+    land(settings, "text", LINES[:7])
+    first = run_application(spark, word_count, settings)
+    land(settings, "text", LINES[7:])
+    run_application(spark, word_count, settings)
+    again = run_application(spark, word_count, settings)  # nothing new: writes nothing
+    updates, totals = _word_results(settings)
+    assert totals == EXPECTED and len(updates) == 482
+    assert first[0].rows_written["word_count_updates"] < 482
+    assert again[0].input_rows == 0 and not again[0].rows_written
+
+
+class Seen:
+    def __init__(self):
+        self.n = 0
+
+
+@state_computation("explode on x", state=Seen)
+def explode_on_x(line, seen):
+    if "x" in line.text:
+        raise ValueError(f"cannot handle {line.text.strip()!r}")
+    seen.n += 1
+    return {"text": line.text.strip(), "n": seen.n}
+
+
+def test_a_raising_user_function_lands_in_quarantine_and_the_rest_goes_on(spark, settings):
+    land(settings, "text", [b"a1\n", b"x2\n", b"a3\n", b"\xff\xfe\n"])
+    app = Application("fragile", source("text").key_by(lambda line: line.text[0]).to(explode_on_x).to_sink(DeltaSink("fragile_out")))
+    (report,) = run_application(spark, app, settings)
+    out = lake.read(settings.table_path("fragile_out")).to_pylist()
+    assert sorted((r["text"], r["n"]) for r in out) == [("a1", 1), ("a3", 2)]
+    q = lake.read(settings.table_path("quarantine")).to_pylist()
+    by_step = {r["step"]: r for r in q}
+    assert set(by_step) == {"explode on x", "decoder decode_text"}
+    assert "ValueError: cannot handle 'x2'" in by_step["explode on x"]["reason"]
+    assert by_step["explode on x"]["payload"] is None or by_step["explode on x"]["seq"] == 2
+    assert by_step["decoder decode_text"]["payload"] == b"\xff\xfe\n"
+    assert report.quarantined == 2
+
+
+def test_the_readme_example_runs(spark, settings, monkeypatch, tmp_path):
+    readme = (REPO / "README.md").read_text()
+    code = re.search(r"## Writing an application.*?```python\n(.*?)```", readme, re.S).group(1)
+    code = code.replace('Path(".eventide/example")', f'Path({str(tmp_path / "example")!r})')
+    namespace = {"__name__": "__main__"}
+    exec(compile(code, "README.md", "exec"), namespace)
+    settings = namespace["settings"]
+    rows = lake.read(settings.table_path("letter_counts")).to_pylist()
+    assert sorted((r["letter"], r["count"]) for r in rows) == [("a", 3), ("b", 1)]
