@@ -1,0 +1,60 @@
+"""Word count end to end over real TCP: sender -> gateway -> landing -> Spark -> Delta + TCP sink."""
+
+import dataclasses
+import json
+import socket
+import threading
+
+import pytest
+
+from orchestration.gateway import GatewayThread
+from orchestration.sender import send_files
+from tests.conftest import DATA
+from transforms import lake
+from transforms.apps.words import word_count
+from transforms.engine import run_application
+
+pytestmark = pytest.mark.spark
+
+
+class Receiver:
+    """What `nc -l PORT` would show: every byte until the sender closes."""
+
+    def __init__(self):
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.data = bytearray()
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    def _accept(self):
+        conn, _ = self.server.accept()
+        with conn:
+            while chunk := conn.recv(65536):
+                self.data += chunk
+
+    def result(self, timeout=30) -> bytes:
+        self.thread.join(timeout)
+        self.server.close()
+        return bytes(self.data)
+
+
+def test_word_count_over_tcp_in_and_out(spark, settings):
+    settings = dataclasses.replace(settings, ports={s: 0 for s in settings.ports})
+    with GatewayThread(settings) as gw:
+        port = gw.bound_ports["text"]
+        sent = send_files("text", [DATA / "word_count" / "count_this.txt"], "127.0.0.1", port)
+        gw.wait_for_messages(sent, timeout=30)
+    receiver = Receiver()
+    run_application(spark, word_count, settings, tcp_addresses={"word_count_tcp": f"127.0.0.1:{receiver.port}"})
+    lines = receiver.result().decode().splitlines()
+
+    expected = json.loads((DATA / "word_count" / "_expected.json").read_text())
+    assert len(lines) == 482
+    final = {}
+    for line in lines:
+        word, count = line.split(" => ")
+        final[word] = int(count)
+    assert final == expected
+    updates = lake.read(settings.table_path("word_count_updates")).to_pandas().sort_values(["seq", "part"])
+    assert lines == [f"{w} => {c}" for w, c in zip(updates.word, updates["count"])]
