@@ -1,11 +1,229 @@
-"""Log windows and daily return-code summaries (filled in by the log-window work)."""
+"""Log windows and the daily return-code summary, with its checks, sensor, schedule and job.
+
+    landing_logs -> bronze_log_lines -> log_windows -> daily_return_code_summary (+ checks)
+
+A summary partition (one day) is produced three ways that give the same rows:
+- the sensor on `log_windows` (Delta version as cursor) requests the days of newly closed windows;
+- the hourly schedule requests days that are over by wall clock (+ grace) but whose summary is
+  missing or behind bronze (days that never got a marker);
+- a backfill (Dagster UI, or `eventide backfill`) recomputes the days from bronze.
+The logic lives in transforms.apps.logs; this module only wires it into Dagster.
+"""
+
+import datetime as dt
+import warnings
 
 import dagster as dg
+import pandas as pd
 
-defs = dg.Definitions()
+from assets.apps import application_assets
+from assets.gx import validate
+from assets.ingest import landing_key
+from orchestration.resources import EventideSettings
+from transforms import lake
+from transforms.apps.logs import (
+    BRONZE_TABLE,
+    SUMMARY_TABLE,
+    WINDOWS_TABLE,
+    bronze_days,
+    bronze_line_count,
+    closed_window_days,
+    days_behind_bronze,
+    is_day_over,
+    log_app,
+    stored_summary,
+    summarize_day,
+    summary_from_bronze,
+    windows_closed_since,
+    write_summary,
+)
+from transforms.settings import Settings
+
 SUMMARY_JOB = "daily_summary_job"
+BACKFILL_TAG = "dagster/backfill"  # set on every run of a Dagster backfill
+EVENTIDE_BACKFILL_TAG = "eventide/backfill"  # set by `eventide backfill` (in-process runs)
+
+# end_offset=1: today's partition exists too (a marker may close a day before midnight UTC).
+DAILY = dg.DailyPartitionsDefinition(start_date=Settings.from_env().partitions_start, end_offset=1)
+
+log_window_assets = application_assets(log_app, [landing_key("logs"), BRONZE_TABLE], "logs")
 
 
-def days_to_summarize(settings) -> list[str]:
-    """Partition keys `eventide run` should materialize after the pipelines ran."""
-    return []
+class SummaryConfig(dg.Config):
+    recompute_from_bronze: bool = False
+    """Ignore log_windows and count the day's lines in bronze (what a backfill does)."""
+
+
+def _markdown(rows: list[dict]) -> str:
+    return "| status | count |\n|---|---|\n" + "\n".join(f"| {r['status']} | {r['count']} |" for r in rows)
+
+
+@dg.asset(
+    name=SUMMARY_TABLE,
+    partitions_def=DAILY,
+    deps=[WINDOWS_TABLE, BRONZE_TABLE],
+    group_name="daily",
+    kinds={"delta"},
+)
+def daily_return_code_summary(
+    context: dg.AssetExecutionContext, config: SummaryConfig, eventide: EventideSettings
+) -> dg.MaterializeResult:
+    """Lines per (day, status) of one log day, the partition replaced atomically in Delta.
+
+    From `log_windows` when closed windows cover every line of the day; from `bronze_log_lines` in a
+    backfill, or when some lines of the day are in no closed window (no marker yet).
+    """
+    settings = eventide.get()
+    day = context.partition_key
+    recompute = config.recompute_from_bronze or BACKFILL_TAG in context.run.tags or EVENTIDE_BACKFILL_TAG in context.run.tags
+    summary = summarize_day(settings, day, recompute=recompute)
+    replaced = write_summary(settings, summary)
+    context.log.info(f"{day}: {summary.rows.num_rows} rows from {summary.source} ({summary.reason}); "
+                     f"{'replaced' if replaced else 'unchanged'}")
+    path = settings.table_path(SUMMARY_TABLE)
+    return dg.MaterializeResult(
+        metadata={
+            "source": summary.source,
+            "source_reason": summary.reason,
+            "rows": dg.MetadataValue.int(summary.rows.num_rows),
+            "lines": dg.MetadataValue.int(summary.total),
+            "bronze_lines": dg.MetadataValue.int(summary.bronze_lines),
+            "uncovered_lines": dg.MetadataValue.int(summary.uncovered_lines),
+            "replaced": dg.MetadataValue.bool(replaced),
+            "delta_version": dg.MetadataValue.int(lake.version(path) if lake.exists(path) else -1),
+            "summary": dg.MetadataValue.md(_markdown(summary.rows.to_pylist())),
+            "path": dg.MetadataValue.path(str(path)),
+        }
+    )
+
+
+# -- checks: they read the stored partition, so they can be re-run on their own ---------------------
+def _stored_frame(settings: Settings, day: str) -> pd.DataFrame:
+    df = stored_summary(settings, day).to_pandas()
+    df["day"] = df["day"].astype(str)  # GX compares plain strings reliably
+    return df
+
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", dg.PreviewWarning)  # partitioned asset checks are "preview" in 1.13
+
+    @dg.asset_check(asset=daily_return_code_summary, partitions_def=DAILY, blocking=True)
+    def rows_are_valid(context: dg.AssetCheckExecutionContext, eventide: EventideSettings) -> dg.AssetCheckResult:
+        """GX: status between 100 and 599, counts positive, day equals the partition, one row per status."""
+        import great_expectations as gx  # here, not at the top: importing it takes seconds
+
+        day = context.partition_key
+        return validate(
+            _stored_frame(eventide.get(), day),
+            f"{SUMMARY_TABLE}-rows",
+            [
+                gx.expectations.ExpectColumnValuesToNotBeNull(column="status"),
+                gx.expectations.ExpectColumnValuesToBeBetween(column="status", min_value=100, max_value=599),
+                gx.expectations.ExpectColumnValuesToBeBetween(column="count", min_value=1),
+                gx.expectations.ExpectColumnValuesToBeInSet(column="day", value_set=[day]),
+                gx.expectations.ExpectCompoundColumnsToBeUnique(column_list=["day", "status"]),
+            ],
+            partition=day,
+        )
+
+    @dg.asset_check(asset=daily_return_code_summary, partitions_def=DAILY, blocking=True)
+    def total_matches_bronze(context: dg.AssetCheckExecutionContext, eventide: EventideSettings) -> dg.AssetCheckResult:
+        """GX: the partition's total equals the number of bronze lines of that day."""
+        import great_expectations as gx
+
+        settings, day = eventide.get(), context.partition_key
+        totals = pd.DataFrame({"summary_total": [int(_stored_frame(settings, day)["count"].sum())],
+                               "bronze_lines": [bronze_line_count(settings, day)]})
+        return validate(
+            totals,
+            f"{SUMMARY_TABLE}-total",
+            [gx.expectations.ExpectColumnPairValuesToBeEqual(column_A="summary_total", column_B="bronze_lines")],
+            partition=day,
+        )
+
+    @dg.asset_check(asset=daily_return_code_summary, partitions_def=DAILY, blocking=True)
+    def reconciles_with_bronze(context: dg.AssetCheckExecutionContext, eventide: EventideSettings) -> dg.AssetCheckResult:
+        """The stored partition equals its recompute from bronze, row for row."""
+        settings, day = eventide.get(), context.partition_key
+        stored = {(r["status"], r["count"]) for r in stored_summary(settings, day).to_pylist()}
+        recomputed = {(r["status"], r["count"]) for r in summary_from_bronze(settings, day).to_pylist()}
+        only_stored, only_bronze = sorted(stored - recomputed), sorted(recomputed - stored)
+        return dg.AssetCheckResult(
+            passed=not only_stored and not only_bronze,
+            metadata={
+                "partition": day,
+                "rows": len(stored),
+                "only_in_summary": dg.MetadataValue.json([list(r) for r in only_stored]),
+                "only_in_recompute": dg.MetadataValue.json([list(r) for r in only_bronze]),
+            },
+        )
+
+
+SUMMARY_CHECKS = [rows_are_valid, total_matches_bronze, reconciles_with_bronze]
+
+daily_summary_job = dg.define_asset_job(
+    SUMMARY_JOB,
+    selection=dg.AssetSelection.assets(daily_return_code_summary),  # its checks come with it
+    description="Summarize one log day (a partition) and run its blocking checks.",
+)
+
+
+# -- which days to summarize ------------------------------------------------------------------------
+def valid_partition(day: dt.date) -> bool:
+    return DAILY.has_partition_key(day.isoformat())
+
+
+def days_to_summarize(settings: Settings, now: dt.datetime | None = None) -> list[str]:
+    """Partition keys `eventide run` should materialize after the pipelines ran: every day with a
+    closed window, and every day in bronze that is over by wall clock (plus the grace hours)."""
+    now = now or dt.datetime.now(dt.timezone.utc)
+    days = set(closed_window_days(settings))
+    days.update(d for d in bronze_days(settings) if is_day_over(d, settings.day_grace_hours, now))
+    return [d.isoformat() for d in sorted(days) if valid_partition(d)]
+
+
+@dg.sensor(job=daily_summary_job, minimum_interval_seconds=30, default_status=dg.DefaultSensorStatus.RUNNING)
+def log_windows_sensor(context: dg.SensorEvaluationContext, eventide: EventideSettings):
+    """Requests the partition of every day a window closed, since the log_windows version in the cursor."""
+    settings = eventide.get()
+    cursor = int(context.cursor) if context.cursor else None
+    version, days = windows_closed_since(settings, cursor)
+    if version is None:
+        return dg.SkipReason(f"no {WINDOWS_TABLE} table yet")
+    if version == cursor:
+        return dg.SkipReason(f"{WINDOWS_TABLE} unchanged at version {version}")
+    context.update_cursor(str(version))
+    requests = [
+        dg.RunRequest(run_key=f"{d.isoformat()}@{WINDOWS_TABLE}-v{version}", partition_key=d.isoformat(),
+                      tags={"eventide/trigger": "window_closed"})
+        for d in days
+        if valid_partition(d)
+    ]
+    return requests or dg.SkipReason(f"{WINDOWS_TABLE} version {version} closed no window of a valid day")
+
+
+@dg.schedule(job=daily_summary_job, cron_schedule="17 * * * *", default_status=dg.DefaultScheduleStatus.RUNNING)
+def close_days_by_clock(context: dg.ScheduleEvaluationContext, eventide: EventideSettings):
+    """Summarizes days that are over (end + settings.day_grace_hours) whose summary is missing or
+    behind bronze: days that never got a marker or a day change."""
+    settings = eventide.get()
+    now = context.scheduled_execution_time or dt.datetime.now(dt.timezone.utc)
+    over = [d for d in bronze_days(settings) if is_day_over(d, settings.day_grace_hours, now) and valid_partition(d)]
+    due = days_behind_bronze(settings, over)
+    if not due:
+        return dg.SkipReason("every day that is over has an up-to-date summary")
+    stamp = now.strftime("%Y%m%dT%H%M")
+    return [
+        dg.RunRequest(run_key=f"{d.isoformat()}@clock-{stamp}", partition_key=d.isoformat(),
+                      tags={"eventide/trigger": "day_over"})
+        for d in due
+    ]
+
+
+defs = dg.Definitions(
+    assets=[log_window_assets, daily_return_code_summary],
+    asset_checks=SUMMARY_CHECKS,
+    jobs=[daily_summary_job],
+    sensors=[log_windows_sensor],
+    schedules=[close_days_by_clock],
+)

@@ -1,0 +1,34 @@
+"""Window triggers and their state machinery, as plain Python (no Spark, no Dagster).
+
+- `TriggerWindows`: closed by the data itself: a marker message, a new day, a count limit.
+- `EventTimeWindows`: tumbling/sliding event-time windows, per-key watermark, late-data policy.
+- `WallClockWindows`: processing-time windows closed by timers.
+
+Each kind has a definition (frozen, a module constant) and a state class (kept in keyed state);
+`process(...)` returns an `Emitted` with the closed `WindowResult`s (each saying how it closed and
+which sequence range it covers), late messages, and timers to register.
+"""
+
+from windows.core import Aggregator, CloseReason, Emitted, OpenWindow, WindowResult, counting
+from windows.event_time import EventTimeState, EventTimeWindows, LateEvent, LatePolicy
+from windows.triggers import DEFAULT_MARKER, TriggerState, TriggerWindows, is_marker
+from windows.wall_clock import WallClockState, WallClockWindows
+
+__all__ = [
+    "DEFAULT_MARKER",
+    "Aggregator",
+    "CloseReason",
+    "Emitted",
+    "EventTimeState",
+    "EventTimeWindows",
+    "LateEvent",
+    "LatePolicy",
+    "OpenWindow",
+    "TriggerState",
+    "TriggerWindows",
+    "WallClockState",
+    "WallClockWindows",
+    "WindowResult",
+    "counting",
+    "is_marker",
+]

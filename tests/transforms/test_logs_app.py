@@ -1,0 +1,162 @@
+"""The log application: windows per source, the summaries computed from them or from bronze.
+
+Pure tests first (the window function on the sample logs, the encoders), then two Spark scenarios
+that must give the README's summary: logs without markers landed in two runs, and all four days
+concatenated in one CRLF file.
+"""
+
+import datetime as dt
+import json
+import re
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from transforms.api import to_record
+from transforms.apps.logs import (
+    FROM_BRONZE,
+    FROM_WINDOWS,
+    SUMMARY_TABLE,
+    WINDOWS_TABLE,
+    LogSourceState,
+    WindowStatusCount,
+    encode_count_line,
+    encode_window_json,
+    log_app,
+    summarize_day,
+    uncovered_line_count,
+    window_line,
+    window_lines,
+    write_summary,
+)
+from transforms.apps.logs_decoder import parse_log_line
+from transforms.framing import iter_file_messages
+from windows import WindowResult
+
+DATA = Path(__file__).resolve().parents[2] / "data" / "wallaroo"
+LOG_FILES = [DATA / "log_windowing" / f"day_{d}.log" for d in range(1, 5)]
+MARKER = b"END_OF_DAY"
+
+
+def expected_summary() -> list[tuple[str, int, int]]:
+    """The README's daily return-code table as (day, status, count), sorted."""
+    text = (DATA / "README.md").read_text()
+    block = text.split("This is what Eventide's summaries must show:", 1)[1].split("```")[1]
+    rows = sorted((d, int(s), int(n)) for d, s, n in re.findall(r"(\d{4}-\d\d-\d\d) (\d{3}) (\d+)", block))
+    assert len(rows) == 15
+    return rows
+
+
+def log_messages(files=LOG_FILES, markers=True) -> list[bytes]:
+    """The messages the sender sends: each line with its newline, END_OF_DAY after each file."""
+    out = []
+    for f in files:
+        out.extend(iter_file_messages(f))
+        if markers:
+            out.append(MARKER)
+    return out
+
+
+def crlf_concatenation(tmp_path: Path) -> Path:
+    path = tmp_path / "all_days_crlf.log"
+    path.write_bytes(b"".join(f.read_bytes().replace(b"\n", b"\r\n") for f in LOG_FILES))
+    return path
+
+
+def summary_rows(tables) -> list[tuple[str, int, int]]:
+    return sorted((r["day"].isoformat(), r["status"], r["count"]) for t in tables for r in t.to_pylist())
+
+
+# -- pure ---------------------------------------------------------------------------------------------
+def test_batch_window_function_equals_the_one_message_form_and_the_readme():
+    records = [parse_log_line(m.decode()) for m in log_messages()]
+    frame = pd.DataFrame.from_records([to_record(r) for r in records])
+    frame["_seq"] = range(1, len(frame) + 1)
+    batch = window_lines.fn(frame, LogSourceState())
+    state = LogSourceState()
+    one_by_one = [o for seq, r in enumerate(records, 1) for o in window_line(r, seq, state)]
+    assert batch == one_by_one
+    rows = [o for o in batch if isinstance(o, WindowStatusCount)]
+    assert sorted((r.day.isoformat(), r.status, r.count) for r in rows) == expected_summary()
+    windows = [o for o in batch if isinstance(o, WindowResult)]
+    assert [(w.window_id, w.close_reason.value) for w in windows] == [
+        ("logs/1-196", "marker"), ("logs/198-756", "marker"), ("logs/758-990", "marker"), ("logs/992-1277", "marker")]
+
+
+def test_encoders_write_the_seed_lines_and_wallaroo_json():
+    records = [parse_log_line(m.decode()) for m in log_messages(LOG_FILES[:1])]
+    frame = pd.DataFrame.from_records([to_record(r) for r in records])
+    frame["_seq"] = range(1, len(frame) + 1)
+    out = window_lines.fn(frame, LogSourceState())
+    lines = b"".join(encode_count_line(o) for o in out if isinstance(o, WindowStatusCount))
+    assert lines == b"2004-03-07 200 147\n2004-03-07 401 48\n2004-03-07 404 1\n"
+    (window,) = [o for o in out if isinstance(o, WindowResult)]
+    assert encode_window_json(window) == b'{"200": 147, "401": 48, "404": 1}'
+    assert json.loads(encode_window_json(window)) == {"200": 147, "401": 48, "404": 1}
+
+
+# -- Spark ----------------------------------------------------------------------------------------------
+def run_logs(spark, settings):
+    from transforms.engine import run_application
+    from transforms.streams import bronze_application
+
+    for app in (bronze_application("logs"), log_app):
+        run_application(spark, app, settings)
+
+
+def summarize_all(settings, days):
+    """What the summary asset does for each partition (without Dagster)."""
+    summaries = [summarize_day(settings, d) for d in days]
+    for s in summaries:
+        write_summary(settings, s)
+    return summaries
+
+
+def closed_windows(settings):
+    from transforms import lake
+
+    t = lake.query("select distinct window_id, day, close_reason, first_seq, last_seq from w order by first_seq",
+                   w=settings.table_path(WINDOWS_TABLE))
+    return [(r["day"].isoformat(), r["close_reason"]) for r in t.to_pylist()]
+
+
+@pytest.mark.spark
+def test_logs_without_markers_close_by_day_change_across_runs(spark, settings):
+    from tests.conftest import land
+    from transforms import lake
+
+    days = [dt.date(2004, 3, d) for d in range(7, 11)]
+    land(settings, "logs", log_messages(LOG_FILES[:2], markers=False))
+    run_logs(spark, settings)
+    assert closed_windows(settings) == [("2004-03-07", "day_change")]  # 03-08 is still open
+    land(settings, "logs", log_messages(LOG_FILES[2:], markers=False))
+    run_logs(spark, settings)
+    assert closed_windows(settings) == [("2004-03-07", "day_change"), ("2004-03-08", "day_change"),
+                                        ("2004-03-09", "day_change")]
+    assert uncovered_line_count(settings, days[-1]) == 286  # the last day never closed: no marker, no next day
+
+    summaries = summarize_all(settings, days)
+    assert [s.source for s in summaries] == [FROM_WINDOWS] * 3 + [FROM_BRONZE]
+    assert summary_rows([lake.read(settings.table_path(SUMMARY_TABLE))]) == expected_summary()
+    # Summarizing again writes nothing: the partitions already hold these rows.
+    version = lake.version(settings.table_path(SUMMARY_TABLE))
+    assert not any(write_summary(settings, s) for s in summarize_all(settings, days))
+    assert lake.version(settings.table_path(SUMMARY_TABLE)) == version
+
+
+@pytest.mark.spark
+def test_one_concatenated_crlf_file_gives_the_same_summary(spark, settings, tmp_path):
+    from tests.conftest import land
+    from transforms import lake
+
+    messages = log_messages([crlf_concatenation(tmp_path)])  # one END_OF_DAY, after the whole file
+    assert messages[0].endswith(b"\r\n") and messages[-1] == MARKER
+    land(settings, "logs", messages)
+    run_logs(spark, settings)
+    assert closed_windows(settings) == [("2004-03-07", "day_change"), ("2004-03-08", "day_change"),
+                                        ("2004-03-09", "day_change"), ("2004-03-10", "marker")]
+    summaries = summarize_all(settings, [dt.date(2004, 3, d) for d in range(7, 11)])
+    assert {s.source for s in summaries} == {FROM_WINDOWS}
+    assert summary_rows(s.rows for s in summaries) == expected_summary()
+    assert lake.count(settings.table_path("quarantine")) == 0

@@ -1,0 +1,328 @@
+"""The log application: return-code counts per window of a log source, and the daily summaries.
+
+Wallaroo's log example, written with the public API: each source's lines form one window at a time,
+closed by an `END_OF_DAY` marker, by the first line of a new day (logs without markers, or two days
+between markers, still give one window per day) or by a count limit. A closed window yields its
+counts by (day, status):
+
+- `log_windows` (Delta, append, exactly once): one row per (window, day, status) with how the
+  window closed and the sequence range it covers. Days with lines in a still open window are not
+  complete there yet;
+- TCP `log_counts`: the seed's format, a line `2004-03-07 200 147` per (day, status);
+- TCP `log_windows_json`: Wallaroo's output, one framed JSON object per window `{"200": 147, ...}`.
+
+The second half of the module computes a day's summary (day, status, count) from `log_windows` or
+from `bronze_log_lines` (the recompute), used by the Dagster assets in `assets/logs.py`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections import Counter
+from dataclasses import dataclass
+
+import pandas as pd
+import pyarrow as pa
+
+from transforms import lake
+from transforms.api import Application, DeltaSink, TCPSink, encoder, source, state_computation
+from transforms.apps.logs_decoder import LogRecord
+from transforms.settings import Settings
+from transforms.streams import STREAMS
+from windows import Aggregator, TriggerState, TriggerWindows, WindowResult
+
+SOURCE = "logs"  # the stream, and the key: one window at a time per source
+WINDOWS_TABLE = "log_windows"
+SUMMARY_TABLE = "daily_return_code_summary"
+BRONZE_TABLE = STREAMS[SOURCE].bronze_table
+MAX_LINES_PER_WINDOW: int | None = None  # the count trigger; off: a day's counts are small state
+
+
+# -- windows ----------------------------------------------------------------------------------------
+def _add_line(acc: Counter, rec: LogRecord) -> Counter:
+    acc[(rec.day, int(rec.status))] += 1
+    return acc
+
+
+def _add_lines(acc: Counter, frame: pd.DataFrame) -> Counter:
+    for (day, status), n in frame.groupby(["day", "status"], sort=False).size().items():
+        acc[(day, int(status))] += int(n)
+    return acc
+
+
+LOG_WINDOWS = TriggerWindows(
+    Aggregator(create=Counter, add=_add_line, add_frame=_add_lines),
+    is_marker=lambda rec: rec.is_marker,
+    boundary=lambda rec: rec.day,
+    max_count=MAX_LINES_PER_WINDOW,
+)
+
+
+class LogSourceState(TriggerState):
+    """A source's open window (its counts by (day, status) so far)."""
+
+
+@dataclass(frozen=True)
+class WindowStatusCount:
+    """One row of `log_windows`."""
+
+    window_id: str
+    source: str
+    day: dt.date
+    status: int
+    count: int
+    close_reason: str
+    first_seq: int
+    last_seq: int
+
+
+def window_rows(w: WindowResult) -> list[WindowStatusCount]:
+    return [
+        WindowStatusCount(w.window_id, w.key, day, status, n, w.close_reason.value, w.first_seq, w.last_seq)
+        for (day, status), n in sorted(w.value.items())
+    ]
+
+
+def window_outputs(windows: list[WindowResult]) -> list:
+    """Per closed window: its rows (table and line sink), then the window itself (JSON sink)."""
+    out: list = []
+    for w in windows:
+        out.extend(window_rows(w))
+        out.append(w)
+    return out
+
+
+def _source_key() -> str:
+    from transforms.engine import current_context
+
+    try:
+        return current_context().key
+    except RuntimeError:  # called outside the engine (tests): the one log source
+        return SOURCE
+
+
+@state_computation("window log lines", state=LogSourceState, batch=True)
+def window_lines(frame: pd.DataFrame, state: LogSourceState) -> list:
+    """One source's messages (sequence order, `_seq` column) -> the windows they close."""
+    emitted = LOG_WINDOWS.process_frame(
+        state,
+        _source_key(),
+        frame,
+        seq=frame["_seq"].to_numpy(),
+        markers=(frame["kind"] == "marker").to_numpy(),
+        boundaries=frame["day"].to_numpy(dtype=object),
+    )
+    return window_outputs(emitted.windows)
+
+
+def window_line(rec: LogRecord, seq: int, state: LogSourceState, key: str = SOURCE) -> list:
+    """The one-message form of `window_lines` (the reference its batch form must equal)."""
+    return window_outputs(LOG_WINDOWS.process(state, key, seq, rec).windows)
+
+
+# -- sinks ------------------------------------------------------------------------------------------
+@encoder
+def encode_count_line(row: WindowStatusCount) -> bytes:
+    return f"{row.day.isoformat()} {row.status} {row.count}\n".encode()
+
+
+@encoder
+def encode_window_json(w: WindowResult) -> bytes:
+    by_status: Counter = Counter()
+    for (_day, status), n in w.value.items():
+        by_status[status] += n
+    return json.dumps({str(s): by_status[s] for s in sorted(by_status)}).encode()
+
+
+LOG_WINDOWS_SCHEMA = pa.schema(
+    [
+        ("window_id", pa.string()),
+        ("source", pa.string()),
+        ("day", pa.date32()),
+        ("status", pa.int32()),
+        ("count", pa.int64()),
+        ("close_reason", pa.string()),
+        ("first_seq", pa.int64()),
+        ("last_seq", pa.int64()),
+    ]
+)
+
+log_app = Application(
+    "logs",
+    source(SOURCE)
+    .key_by(lambda rec: SOURCE)
+    .to(window_lines)
+    .to_sink(
+        DeltaSink(WINDOWS_TABLE, schema=LOG_WINDOWS_SCHEMA, accepts=WindowStatusCount),
+        TCPSink("log_counts", encode_count_line, accepts=WindowStatusCount),
+        TCPSink("log_windows_json", encode_window_json, framed=True, accepts=WindowResult),
+    ),
+    description="Return-code counts per log window (closed by END_OF_DAY, a new day or a count)",
+)
+
+
+# -- daily summaries (delta-rs only: no JVM) --------------------------------------------------------
+SUMMARY_SCHEMA = pa.schema([("day", pa.date32()), ("status", pa.int32()), ("count", pa.int64())])
+FROM_WINDOWS = "log_windows"
+FROM_BRONZE = "bronze_log_lines"
+
+
+@dataclass(frozen=True)
+class DaySummary:
+    day: dt.date
+    rows: pa.Table  # SUMMARY_SCHEMA, sorted by status
+    source: str  # FROM_WINDOWS or FROM_BRONZE
+    reason: str  # why that source
+    bronze_lines: int
+    uncovered_lines: int  # bronze lines of the day in no closed window
+
+    @property
+    def total(self) -> int:
+        return sum(self.rows.column("count").to_pylist())
+
+
+def parse_day(day: str | dt.date) -> dt.date:
+    return day if isinstance(day, dt.date) else dt.date.fromisoformat(day)
+
+
+def _day_sql(day: dt.date) -> str:
+    return f"day = '{day.isoformat()}'"  # a date object's isoformat: nothing to escape
+
+
+def _as_summary(table: pa.Table) -> pa.Table:
+    return table.select(SUMMARY_SCHEMA.names).cast(SUMMARY_SCHEMA) if table.num_rows else SUMMARY_SCHEMA.empty_table()
+
+
+def summary_from_bronze(settings: Settings, day: str | dt.date) -> pa.Table:
+    """The recompute: every decoded line of the day in bronze, counted by status."""
+    path = settings.table_path(BRONZE_TABLE)
+    if not lake.exists(path):
+        return SUMMARY_SCHEMA.empty_table()
+    day = parse_day(day)
+    return _as_summary(lake.query(
+        f"select day, status, count(*) as count from b where kind = 'line' and {_day_sql(day)} "
+        "group by day, status order by status", b=path))
+
+
+def summary_from_windows(settings: Settings, day: str | dt.date) -> pa.Table:
+    """The day's counts summed over its closed windows."""
+    path = settings.table_path(WINDOWS_TABLE)
+    if not lake.exists(path):
+        return SUMMARY_SCHEMA.empty_table()
+    day = parse_day(day)
+    return _as_summary(lake.query(
+        f"select day, status, sum(count) as count from w where {_day_sql(day)} group by day, status order by status",
+        w=path))
+
+
+def bronze_line_count(settings: Settings, day: str | dt.date) -> int:
+    return lake.count(settings.table_path(BRONZE_TABLE), f"kind = 'line' and {_day_sql(parse_day(day))}")
+
+
+def uncovered_line_count(settings: Settings, day: str | dt.date) -> int:
+    """Bronze lines of the day whose sequence number lies in no closed window of their source."""
+    bronze, windows = settings.table_path(BRONZE_TABLE), settings.table_path(WINDOWS_TABLE)
+    if not lake.exists(windows):
+        return bronze_line_count(settings, day)
+    if not lake.exists(bronze):
+        return 0
+    day = parse_day(day)
+    return int(lake.query(
+        "select count(*) as n from b left join w on b.stream = w.source and b.seq between w.first_seq and w.last_seq "
+        f"where b.kind = 'line' and b.{_day_sql(day)} and w.source is null", b=bronze, w=windows,
+    ).column("n")[0].as_py())
+
+
+def summarize_day(settings: Settings, day: str | dt.date, recompute: bool = False) -> DaySummary:
+    """Day D's summary. From `log_windows` when closed windows cover every bronze line of D;
+    otherwise (a backfill, no closed window yet, or lines of D still in an open window or not yet
+    through the app) recomputed from bronze, which holds every decoded line of D.
+    """
+    day = parse_day(day)
+    bronze_lines = bronze_line_count(settings, day)
+    if recompute:
+        return DaySummary(day, summary_from_bronze(settings, day), FROM_BRONZE, "recompute requested (backfill)",
+                          bronze_lines, uncovered_line_count(settings, day))
+    windows = summary_from_windows(settings, day)
+    if not windows.num_rows:
+        return DaySummary(day, summary_from_bronze(settings, day), FROM_BRONZE, "no closed window for the day",
+                          bronze_lines, bronze_lines)
+    uncovered = uncovered_line_count(settings, day)
+    if uncovered:
+        return DaySummary(day, summary_from_bronze(settings, day), FROM_BRONZE,
+                          f"{uncovered} line(s) of the day are not in a closed window yet", bronze_lines, uncovered)
+    return DaySummary(day, windows, FROM_WINDOWS, "closed windows cover every line of the day", bronze_lines, 0)
+
+
+def stored_summary(settings: Settings, day: str | dt.date) -> pa.Table:
+    path = settings.table_path(SUMMARY_TABLE)
+    if not lake.exists(path):
+        return SUMMARY_SCHEMA.empty_table()
+    return _as_summary(lake.read(path, where=_day_sql(parse_day(day))).sort_by([("status", "ascending")]))
+
+
+def write_summary(settings: Settings, summary: DaySummary) -> bool:
+    """Replace the day's partition atomically; False (no commit) if it already holds these rows."""
+    if lake.exists(settings.table_path(SUMMARY_TABLE)) and stored_summary(settings, summary.day).equals(summary.rows):
+        return False
+    lake.replace_where(settings.table_path(SUMMARY_TABLE), summary.rows, _day_sql(summary.day), partition_by=["day"],
+                       metadata={"eventide.source": summary.source})
+    return True
+
+
+# -- which days need a summary ----------------------------------------------------------------------
+def day_end_utc(day: dt.date) -> dt.datetime:
+    """The latest instant a calendar day as written can end: midnight at UTC-12, the westernmost zone.
+    (Lines carry their own zone; bronze keeps the written day and the UTC instant, not the offset.)"""
+    return dt.datetime.combine(day + dt.timedelta(days=1), dt.time(12), tzinfo=dt.timezone.utc)
+
+
+def is_day_over(day: dt.date, grace_hours: float, now: dt.datetime) -> bool:
+    return day_end_utc(day) + dt.timedelta(hours=grace_hours) <= now
+
+
+def bronze_days(settings: Settings) -> list[dt.date]:
+    path = settings.table_path(BRONZE_TABLE)
+    if not lake.exists(path):
+        return []
+    t = lake.query("select distinct day from b where kind = 'line' and day is not null order by day", b=path)
+    return t.column("day").to_pylist()
+
+
+def closed_window_days(settings: Settings) -> list[dt.date]:
+    path = settings.table_path(WINDOWS_TABLE)
+    if not lake.exists(path):
+        return []
+    return lake.query("select distinct day from w order by day", w=path).column("day").to_pylist()
+
+
+def windows_closed_since(settings: Settings, version: int | None) -> tuple[int | None, list[dt.date]]:
+    """(latest version of log_windows, days of the windows added after `version`); None: all."""
+    path = settings.table_path(WINDOWS_TABLE)
+    latest = lake.version(path)
+    if latest is None or latest == version:
+        return latest, []
+    if version is None:
+        return latest, closed_window_days(settings)
+    try:
+        seen = set(lake.read(path, columns=["window_id"], version=version).column("window_id").to_pylist())
+    except Exception:  # that version is gone (vacuumed): every day again; summaries are idempotent
+        return latest, closed_window_days(settings)
+    rows = lake.read(path, columns=["window_id", "day"]).to_pylist()
+    return latest, sorted({r["day"] for r in rows if r["window_id"] not in seen})
+
+
+def days_behind_bronze(settings: Settings, days: list[dt.date]) -> list[dt.date]:
+    """Of `days`, those whose stored summary total differs from the day's bronze line count."""
+    bronze = settings.table_path(BRONZE_TABLE)
+    if not days or not lake.exists(bronze):
+        return []
+    want = {r["day"]: r["n"] for r in lake.query(
+        "select day, count(*) as n from b where kind = 'line' group by day", b=bronze).to_pylist()}
+    summary = settings.table_path(SUMMARY_TABLE)
+    have = {}
+    if lake.exists(summary):
+        have = {r["day"]: r["n"] for r in lake.query(
+            "select day, sum(count) as n from s group by day", s=summary).to_pylist()}
+    return [d for d in days if want.get(d, 0) != have.get(d, 0)]

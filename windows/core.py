@@ -1,0 +1,118 @@
+"""What every window kind shares: the aggregator, the open window, the closed window and why it closed.
+
+Windows here are plain Python objects driven by plain function calls (no Spark, no Dagster), so a
+test can feed a stream of messages and assert the exact windows that come out. A state computation
+keeps the window *state* object in its keyed state (pickled into RocksDB by the engine) and holds
+the window *definition* (trigger settings, aggregator) as a module-level constant.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+
+class CloseReason(str, Enum):
+    """How a window closed; stored with every window result."""
+
+    MARKER = "marker"  # an END_OF_DAY style message of the window's source
+    DAY_CHANGE = "day_change"  # the data moved to a new boundary value (a new calendar day)
+    COUNT = "count"  # the window reached its message limit
+    WATERMARK = "watermark"  # event time passed the window's end (allowed lateness included)
+    TIMER = "timer"  # wall clock passed the window's end (processing-time timer)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class Aggregator:
+    """How a window folds its messages into one value.
+
+    `create()` makes an empty accumulator, `add(acc, msg)` folds one message and returns the
+    accumulator. `add_frame(acc, frame)` (optional) folds a pandas DataFrame of messages at once for
+    batch state computations; it must agree with folding the rows one by one.
+    """
+
+    create: Callable[[], Any]
+    add: Callable[[Any, Any], Any]
+    add_frame: Callable[[Any, Any], Any] | None = None
+
+
+def counting() -> Aggregator:
+    """Counts messages (the accumulator is an int)."""
+    return Aggregator(create=int, add=lambda acc, _msg: acc + 1, add_frame=lambda acc, frame: acc + len(frame))
+
+
+@dataclass
+class OpenWindow:
+    """A window still collecting messages. Lives in keyed state, so it must pickle."""
+
+    value: Any
+    first_seq: int | None = None
+    last_seq: int | None = None
+    size: int = 0  # messages folded in
+    boundary: Any = None  # trigger windows: the boundary value (day) of its messages
+    start_ms: int | None = None  # time windows: [start_ms, end_ms)
+    end_ms: int | None = None
+
+    def add_seq_range(self, first: int, last: int, n: int) -> None:
+        self.first_seq = first if self.first_seq is None else min(self.first_seq, first)
+        self.last_seq = last if self.last_seq is None else max(self.last_seq, last)
+        self.size += n
+
+
+@dataclass(frozen=True)
+class WindowResult:
+    """A closed window: its aggregate, how it closed and the sequence range of its messages.
+
+    `first_seq`/`last_seq` are the lowest and highest landing sequence numbers folded in (for
+    trigger windows a contiguous run of the source's messages, markers excluded).
+    """
+
+    key: str
+    window_id: str
+    close_reason: CloseReason
+    value: Any
+    first_seq: int
+    last_seq: int
+    size: int
+    boundary: Any = None
+    start_ms: int | None = None
+    end_ms: int | None = None
+
+
+def close(key: str, window: OpenWindow, reason: CloseReason) -> WindowResult:
+    if window.start_ms is not None:
+        window_id = f"{key}/{window.start_ms}-{window.end_ms}"
+    else:
+        window_id = f"{key}/{window.first_seq}-{window.last_seq}"
+    return WindowResult(
+        key=key,
+        window_id=window_id,
+        close_reason=reason,
+        value=window.value,
+        first_seq=int(window.first_seq),
+        last_seq=int(window.last_seq),
+        size=window.size,
+        boundary=window.boundary,
+        start_ms=window.start_ms,
+        end_ms=window.end_ms,
+    )
+
+
+@dataclass
+class Emitted:
+    """What feeding messages produced: closed windows, and late messages (event-time windows)."""
+
+    windows: list[WindowResult] = field(default_factory=list)
+    late: list = field(default_factory=list)
+    timers: list[int] = field(default_factory=list)  # processing-time timers to register (ms)
+
+    def extend(self, other: Emitted) -> Emitted:
+        self.windows.extend(other.windows)
+        self.late.extend(other.late)
+        self.timers.extend(other.timers)
+        return self

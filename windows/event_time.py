@@ -1,0 +1,123 @@
+"""Event-time tumbling and sliding windows with a watermark and an explicit late-data policy.
+
+Windows are `[start, start + size)` with starts aligned to `slide` (tumbling: slide = size), in
+milliseconds of event time. Each key keeps its own watermark in its state:
+
+    watermark = (max event time seen by the key) - allowed_lateness
+
+A message is *late* when its event time is below the watermark; the policy says what happens to it:
+`drop` (counted in the state, never emitted) or `route` (returned as a LateEvent, for a late table).
+After each message, every open window whose end is at or below the watermark closes (reason
+`watermark`), in order of end time, inside the same call. So results appear in the same micro-batch
+and the same `availableNow` run that saw the data.
+
+Relation to Spark's watermark: Spark's `withWatermark` is global (the minimum over the query's
+inputs) and only moves between micro-batches, so windows it closes appear one batch (with
+availableNow: one *run*) later, and transformWithState has no event-time timers in processing-time
+mode. The per-key watermark here moves with the key's own data and closes windows immediately; the
+price is that a key that stops receiving data keeps its last windows open. `advance(state, key,
+watermark_ms)` closes windows from an outside clock: Spark's watermark when the query defines one
+(`current_context().watermark_ms`) or a processing-time timer (see windows.wall_clock).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from windows.core import Aggregator, CloseReason, Emitted, OpenWindow, close
+
+
+class LatePolicy(str, Enum):
+    DROP = "drop"
+    ROUTE = "route"
+
+
+@dataclass(frozen=True)
+class LateEvent:
+    """A message that arrived after the watermark passed its event time (late policy `route`)."""
+
+    key: str
+    seq: int
+    event_ms: int
+    watermark_ms: int
+    message: Any
+
+
+class EventTimeState:
+    """Keyed state: open windows by start, the key's max event time and late-message count."""
+
+    def __init__(self) -> None:
+        self.windows: dict[int, OpenWindow] = {}
+        self.max_event_ms: int | None = None
+        self.dropped_late: int = 0
+        self.external_watermark_ms: int | None = None
+
+    def watermark(self, allowed_lateness_ms: int) -> int | None:
+        own = None if self.max_event_ms is None else self.max_event_ms - allowed_lateness_ms
+        marks = [m for m in (own, self.external_watermark_ms) if m is not None]
+        return max(marks) if marks else None
+
+
+@dataclass(frozen=True)
+class EventTimeWindows:
+    """Tumbling (`slide_ms` None) or sliding event-time windows over `aggregator`."""
+
+    aggregator: Aggregator
+    size_ms: int
+    slide_ms: int | None = None
+    allowed_lateness_ms: int = 0
+    late_policy: LatePolicy = LatePolicy.DROP
+
+    def __post_init__(self) -> None:
+        if self.size_ms <= 0:
+            raise ValueError(f"size_ms must be positive, got {self.size_ms}")
+        if self.slide_ms is not None and not 0 < self.slide_ms <= self.size_ms:
+            raise ValueError(f"slide_ms must be in (0, size_ms], got {self.slide_ms}")
+        if self.allowed_lateness_ms < 0:
+            raise ValueError("allowed_lateness_ms must not be negative")
+        object.__setattr__(self, "late_policy", LatePolicy(self.late_policy))
+
+    @property
+    def slide(self) -> int:
+        return self.slide_ms or self.size_ms
+
+    def starts_of(self, event_ms: int) -> list[int]:
+        """Starts of the windows containing `event_ms`, oldest first."""
+        last = event_ms - event_ms % self.slide
+        first = last - ((self.size_ms - 1) // self.slide) * self.slide
+        return [s for s in range(first, last + 1, self.slide) if s <= event_ms < s + self.size_ms]
+
+    def process(self, state: EventTimeState, key: str, seq: int, event_ms: int, msg: Any) -> Emitted:
+        out = Emitted()
+        event_ms = int(event_ms)
+        wm = state.watermark(self.allowed_lateness_ms)
+        if wm is not None and event_ms < wm:
+            if self.late_policy is LatePolicy.ROUTE:
+                out.late.append(LateEvent(key, seq, event_ms, wm, msg))
+            else:
+                state.dropped_late += 1
+            return out
+        for start in self.starts_of(event_ms):
+            w = state.windows.get(start)
+            if w is None:
+                w = state.windows[start] = OpenWindow(self.aggregator.create(), start_ms=start, end_ms=start + self.size_ms)
+            w.value = self.aggregator.add(w.value, msg)
+            w.add_seq_range(seq, seq, 1)
+        state.max_event_ms = event_ms if state.max_event_ms is None else max(state.max_event_ms, event_ms)
+        self._close_until(state, key, state.watermark(self.allowed_lateness_ms), out)
+        return out
+
+    def advance(self, state: EventTimeState, key: str, watermark_ms: int) -> Emitted:
+        """Move the key's watermark to at least `watermark_ms` (an outside clock) and close windows."""
+        out = Emitted()
+        state.external_watermark_ms = max(watermark_ms, state.external_watermark_ms or watermark_ms)
+        self._close_until(state, key, state.watermark(self.allowed_lateness_ms), out)
+        return out
+
+    def _close_until(self, state: EventTimeState, key: str, watermark: int | None, out: Emitted) -> None:
+        if watermark is None:
+            return
+        for start in sorted(s for s, w in state.windows.items() if w.end_ms <= watermark):
+            out.windows.append(close(key, state.windows.pop(start), CloseReason.WATERMARK))

@@ -1,0 +1,150 @@
+"""Windows closed by what the data itself says (Wallaroo's log example, made robust).
+
+A source's messages form one open window at a time. It closes when
+
+- a marker message arrives (`END_OF_DAY`, trailing CR/LF ignored): reason `marker`;
+- a message's boundary value differs from the open window's (a new calendar day): reason
+  `day_change`, and the message opens the next window. Logs without markers, or with two days
+  between markers, still give one window per day (Wallaroo crashed there);
+- the window reaches `max_count` messages: reason `count`.
+
+A marker closing an empty window emits nothing. `process` takes one message; `process_frame` takes
+many as a pandas DataFrame (batch state computations) and returns exactly the same windows: it cuts
+the frame at markers, boundary changes and count limits and folds each run with `add_frame`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from windows.core import Aggregator, CloseReason, Emitted, OpenWindow, close
+
+DEFAULT_MARKER = "END_OF_DAY"
+
+
+def is_marker(payload: bytes | str | None, marker: str = DEFAULT_MARKER) -> bool:
+    """True if the payload is exactly the marker, ignoring trailing CR/LF."""
+    if payload is None:
+        return False
+    if isinstance(payload, (bytes, bytearray, memoryview)):
+        return bytes(payload).rstrip(b"\r\n") == marker.encode()
+    return payload.rstrip("\r\n") == marker
+
+
+class TriggerState:
+    """Keyed state of trigger windows: the source's open window (None between windows)."""
+
+    def __init__(self) -> None:
+        self.open: OpenWindow | None = None
+
+
+@dataclass(frozen=True)
+class TriggerWindows:
+    """Window definition: the aggregator and which triggers close a window.
+
+    `is_marker(msg)` says whether a message is a marker; `boundary(msg)` gives the value whose change
+    closes the window (e.g. the message's day); `max_count` caps the messages per window. Leave any
+    of them None to disable that trigger.
+    """
+
+    aggregator: Aggregator
+    is_marker: Callable[[Any], bool] | None = None
+    boundary: Callable[[Any], Hashable] | None = None
+    max_count: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_count is not None and self.max_count < 1:
+            raise ValueError(f"max_count must be at least 1, got {self.max_count}")
+
+    # -- one message --------------------------------------------------------------------------
+    def process(self, state: TriggerState, key: str, seq: int, msg: Any) -> Emitted:
+        out = Emitted()
+        if self.is_marker is not None and self.is_marker(msg):
+            self._close(state, key, CloseReason.MARKER, out)
+            return out
+        b = self.boundary(msg) if self.boundary is not None else None
+        if state.open is not None and state.open.size and state.open.boundary != b:
+            self._close(state, key, CloseReason.DAY_CHANGE, out)
+        w = self._open(state, b)
+        w.value = self.aggregator.add(w.value, msg)
+        w.add_seq_range(seq, seq, 1)
+        if self.max_count is not None and w.size >= self.max_count:
+            self._close(state, key, CloseReason.COUNT, out)
+        return out
+
+    # -- many messages ------------------------------------------------------------------------
+    def process_frame(
+        self,
+        state: TriggerState,
+        key: str,
+        frame,
+        seq: Sequence[int],
+        markers: Sequence[bool] | None = None,
+        boundaries: Sequence[Hashable] | None = None,
+    ) -> Emitted:
+        """Feed a DataFrame of messages in sequence order; same windows as `process` row by row.
+
+        `markers` and `boundaries` are per-row arrays (what `is_marker` and `boundary` would say);
+        `aggregator.add_frame` folds each run of rows between cuts.
+        """
+        if self.aggregator.add_frame is None:
+            raise ValueError("process_frame needs an aggregator with add_frame")
+        n = len(frame)
+        seq = np.asarray(seq, dtype=np.int64)
+        is_mark = np.zeros(n, dtype=bool) if markers is None else np.asarray(markers, dtype=bool)
+        bnd = np.full(n, None, dtype=object) if boundaries is None else np.asarray(boundaries, dtype=object)
+        if self.boundary is None:
+            bnd = np.full(n, None, dtype=object)
+        out = Emitted()
+        # Cut points: every marker, and every message whose boundary differs from the message before
+        # it (markers do not count as "before": the open window's boundary is its last message's).
+        data_pos = np.flatnonzero(~is_mark)
+        cuts = set(np.flatnonzero(is_mark).tolist())
+        if len(data_pos):
+            b = bnd[data_pos]
+            prev = np.empty(len(b), dtype=object)
+            prev[0] = state.open.boundary if state.open is not None and state.open.size else b[0]
+            prev[1:] = b[:-1]
+            changed = np.fromiter((x != y for x, y in zip(b, prev)), dtype=bool, count=len(b))
+            cuts.update(data_pos[changed].tolist())
+        pos = 0
+        for cut in [*sorted(cuts), n]:
+            if cut > pos:  # a run of data messages [pos, cut)
+                self._fold_run(state, key, frame, seq, bnd, pos, cut, out)
+            if cut == n:
+                break
+            if is_mark[cut]:
+                self._close(state, key, CloseReason.MARKER, out)
+                pos = cut + 1
+            else:
+                if state.open is not None and state.open.size:
+                    self._close(state, key, CloseReason.DAY_CHANGE, out)
+                pos = cut
+        return out
+
+    def _fold_run(self, state, key, frame, seq, bnd, start: int, stop: int, out: Emitted) -> None:
+        while start < stop:
+            w = self._open(state, bnd[start])
+            take = stop - start
+            if self.max_count is not None:
+                take = min(take, self.max_count - w.size)
+            w.value = self.aggregator.add_frame(w.value, frame.iloc[start : start + take])
+            w.add_seq_range(int(seq[start : start + take].min()), int(seq[start : start + take].max()), take)
+            start += take
+            if self.max_count is not None and w.size >= self.max_count:
+                self._close(state, key, CloseReason.COUNT, out)
+
+    # -- helpers ------------------------------------------------------------------------------
+    def _open(self, state: TriggerState, boundary: Hashable) -> OpenWindow:
+        if state.open is None:
+            state.open = OpenWindow(self.aggregator.create(), boundary=boundary)
+        return state.open
+
+    def _close(self, state: TriggerState, key: str, reason: CloseReason, out: Emitted) -> None:
+        if state.open is not None and state.open.size:
+            out.windows.append(close(key, state.open, reason))
+        state.open = None
