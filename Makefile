@@ -19,6 +19,7 @@ demo: setup
 	$(VENV)/bin/eventide demo
 
 test: setup
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest tests
 
 lint: setup

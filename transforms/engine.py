@@ -354,11 +354,11 @@ class KeyedStateProcessor(StatefulProcessor):
                 if isinstance(sc, StateComputation) and sc.on_timer:
                     state = _state_for(states, sc)
                     outs = normalize_outputs(sc.name, sc.on_timer(key, state, expiredTimerInfo.getExpiryTimeInMs()))
-                    rows.extend(("out", -1, j, bno, key, dumps(o)) for j, o in enumerate(outs))
+                    rows.extend(("out", -1, j, bno, dumps(o)) for j, o in enumerate(outs))
         finally:
             _context.reset(token)
         self.value.update((dumps(states),))
-        yield _envelope_frame(rows, None)
+        yield _envelope_frame(rows, key)
 
     def close(self) -> None:
         pass
@@ -378,83 +378,127 @@ def _state_for(states: dict, sc: StateComputation):
     return st
 
 
-def _envelope_frame(rows: list[tuple], src: pd.DataFrame | None) -> pd.DataFrame:
-    """Output envelopes: (kind, seq, part, branch, key, msg[, step, reason, src_index])."""
-    cols = ["kind", "seq", "part", "branch", "key", "msg"]
-    df = pd.DataFrame([r[:6] for r in rows], columns=cols)
-    df["step"] = [r[6] if len(r) > 6 else None for r in rows]
-    df["reason"] = [r[7] if len(r) > 7 else None for r in rows]
-    if src is not None and len(rows):
-        idx = [r[8] for r in rows]
-        for c in ("stream", "receive_time", "connection"):
-            df[c] = src[c].to_numpy()[idx]
-        df["payload"] = [src["payload"].iat[i] if r[0] == "quarantine" else None for i, r in zip(idx, rows)]
-    else:
-        df["stream"] = None
-        df["receive_time"] = pd.Series([], dtype="datetime64[us, UTC]") if not len(rows) else pd.NaT
-        df["connection"] = None
-        df["payload"] = None
-    # step/reason as object: an empty frame would make them float64, which Arrow cannot give Spark as strings.
-    return df[[f.name for f in ENVELOPE]].astype({"seq": "int64", "part": "int32", "branch": "int32",
-                                                  "step": object, "reason": object})
+class _Rows:
+    """Output envelopes of one key, column by column; `src` is the input row each came from."""
+
+    __slots__ = ("kind", "seq", "part", "branch", "msg", "step", "reason", "src")
+
+    def __init__(self) -> None:
+        for name in self.__slots__:
+            setattr(self, name, [])
+
+    def add(self, kind, seq, part, branch, msg, step, reason, src) -> None:
+        self.kind.append(kind)
+        self.seq.append(seq)
+        self.part.append(part)
+        self.branch.append(branch)
+        self.msg.append(msg)
+        self.step.append(step)
+        self.reason.append(reason)
+        self.src.append(src)
+
+    def frame(self, key: str, src: pd.DataFrame | None) -> pd.DataFrame:
+        n = len(self.kind)
+        obj = object  # empty lists must stay object columns, not float64
+        df = pd.DataFrame(
+            {
+                "kind": pd.Series(self.kind, dtype=obj),
+                "seq": pd.array(self.seq, dtype="int64"),
+                "part": pd.array(self.part, dtype="int32"),
+                "branch": pd.array(self.branch, dtype="int32"),
+                "key": pd.Series([key] * n, dtype=obj),
+                "msg": pd.Series(self.msg, dtype=obj),
+            }
+        )
+        if src is not None and n:
+            idx = self.src
+            for c in ("stream", "receive_time", "connection"):
+                df[c] = src[c].to_numpy()[idx]
+            payloads = src["payload"].tolist()
+            df["payload"] = [payloads[i] if k == "quarantine" else None for i, k in zip(idx, self.kind)]
+        else:
+            df["stream"] = pd.Series([None] * n, dtype=obj)
+            df["receive_time"] = pd.Series([pd.NaT] * n, dtype="datetime64[us, UTC]")
+            df["connection"] = pd.Series([None] * n, dtype=obj)
+            df["payload"] = pd.Series([None] * n, dtype=obj)
+        df["step"] = pd.Series(self.step, dtype=obj)
+        df["reason"] = pd.Series(self.reason, dtype=obj)
+        return df[[f.name for f in ENVELOPE]]
+
+
+def _envelope_frame(rows: list[tuple], key: str) -> pd.DataFrame:
+    """Envelopes without an input row (timer outputs): (kind, seq, part, branch, msg)."""
+    out = _Rows()
+    for kind, seq, part, branch, msg in rows:
+        out.add(kind, seq, part, branch, msg, None, None, None)
+    return out.frame(key, None)
 
 
 def _run_key(df: pd.DataFrame, states: dict, branches: tuple, fail_fast: bool) -> pd.DataFrame:
     """Apply one key's messages (sorted by sequence) to its state; runs of one batch-form branch go together."""
-    rows: list[tuple] = []
-    n = len(df)
-    branch_col = df["branch"].to_numpy()
+    key = df["key"].iat[0]
+    seqs = df["seq"].tolist()
+    parts = df["part"].tolist()
+    branch_col = df["branch"].tolist()
+    msgs = df["msg"].tolist()
+    plans = []  # per branch: (state computation or None, steps after it)
+    for b in branches:
+        post = b.post_steps
+        if post and isinstance(post[0], StateComputation):
+            plans.append((post[0], post[1:]))
+        else:
+            plans.append((None, post))
+    out = _Rows()
+    n = len(seqs)
     i = 0
     while i < n:
-        b = branches[branch_col[i]]
-        sc = b.post_steps[0]
-        rest = b.post_steps[1:]
-        if isinstance(sc, StateComputation) and sc.batch:
+        bno = branch_col[i]
+        sc, rest = plans[bno]
+        if sc is not None and sc.batch:
             j = i
-            while j < n and branch_col[j] == branch_col[i]:
+            while j < n and branch_col[j] == bno:
                 j += 1
-            rows.extend(_run_batch(df, i, j, sc, rest, states, fail_fast))
+            _run_batch(out, seqs, parts, bno, msgs, i, j, sc, rest, states, fail_fast)
             i = j
             continue
-        seq = int(df["seq"].iat[i])
         try:
-            msg = pickle.loads(df["msg"].iat[i])
-            if isinstance(sc, StateComputation):
-                outs = _call(sc.name, fail_fast, sc.apply, msg, _state_for(states, sc))
+            msg = pickle.loads(msgs[i])
+            if sc is not None:
+                state = states.get(sc.state_name)
+                if state is None:
+                    state = states[sc.state_name] = sc.state()
+                outs = _call(sc.name, fail_fast, sc.apply, msg, state)
             else:
                 outs = [msg]
-                rest = b.post_steps
-            outs = _apply_steps(rest, outs, fail_fast)
+            if rest:
+                outs = _apply_steps(rest, outs, fail_fast)
         except _Quarantine as q:
-            rows.append(("quarantine", seq, int(df["part"].iat[i]), int(branch_col[i]), df["key"].iat[i], None, q.step, q.reason, i))
+            out.add("quarantine", seqs[i], parts[i], bno, None, q.step, q.reason, i)
         else:
-            base = int(df["part"].iat[i]) * 1000
-            rows.extend(("out", seq, base + j, int(branch_col[i]), df["key"].iat[i], dumps(o), None, None, i)
-                        for j, o in enumerate(outs))
+            base = parts[i] * 1000
+            for j, o in enumerate(outs):
+                out.add("out", seqs[i], base + j, bno, dumps(o), None, None, i)
         i += 1
-    return _envelope_frame(rows, df)
+    return out.frame(key, df)
 
 
-def _run_batch(df, i, j, sc: StateComputation, rest, states, fail_fast) -> list[tuple]:
-    msgs = [pickle.loads(m) for m in df["msg"].iloc[i:j]]
-    frame = pd.DataFrame.from_records([to_record(m) for m in msgs])
-    frame["_seq"] = df["seq"].iloc[i:j].to_numpy()
+def _run_batch(out: _Rows, seqs, parts, bno, msgs, i, j, sc: StateComputation, rest, states, fail_fast) -> None:
+    frame = pd.DataFrame.from_records([to_record(pickle.loads(m)) for m in msgs[i:j]])
+    frame["_seq"] = seqs[i:j]
     try:
-        out = _call(sc.name, fail_fast, sc.fn, frame, _state_for(states, sc))
-        records = _frame_to_records(sc.name, out)
+        result = _call(sc.name, fail_fast, sc.fn, frame, _state_for(states, sc))
+        records = _frame_to_records(sc.name, result)
         records = _apply_steps(rest, records, fail_fast)
     except _Quarantine as q:
-        return [("quarantine", int(df["seq"].iat[k]), int(df["part"].iat[k]), int(df["branch"].iat[k]), df["key"].iat[k], None,
-                 q.step, q.reason, k) for k in range(i, j)]
-    last = j - 1
-    seq_pos = {int(s): k for k, s in enumerate(df["seq"].to_numpy()) if i <= k < j}
-    rows = []
+        for k in range(i, j):
+            out.add("quarantine", seqs[k], parts[k], bno, None, q.step, q.reason, k)
+        return
+    # Each output row names the input it answers with `_seq` (default: the run's last message).
+    position = {s: k for k, s in enumerate(seqs[i:j], start=i)}
     for n_out, rec in enumerate(records):
         s = rec.pop("_seq", None) if isinstance(rec, dict) else None
-        k = seq_pos.get(int(s), last) if s is not None else last
-        rows.append(("out", int(df["seq"].iat[k]), n_out, int(df["branch"].iat[k]), df["key"].iat[k],
-                     dumps(rec), None, None, k))
-    return rows
+        k = position.get(int(s), j - 1) if s is not None else j - 1
+        out.add("out", seqs[k], n_out, bno, dumps(rec), None, None, k)
 
 
 # -- sinks ------------------------------------------------------------------------------------------

@@ -51,11 +51,36 @@ def get_spark(settings: Settings):
             .config("spark.sql.execution.arrow.pyspark.enabled", "true")
             .config("spark.sql.session.timeZone", "UTC")
             .config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")
         )
-        _session = builder.getOrCreate()
+        _session = _start_with_log(builder, settings) if not settings.spark_remote else builder.getOrCreate()
         if not settings.spark_remote:
             _session.sparkContext.setLogLevel("ERROR")
         return _session
+
+
+def _start_with_log(builder, settings: Settings):
+    """Start the JVM with its stdout/stderr going to `<home>/logs/spark.log`.
+
+    Spark's JVM and its Python workers print freely (PySpark's transformWithState worker prints
+    unconditionally); Eventide's own output stays readable, and failures still reach Python as
+    exceptions. The file descriptors are swapped only while the JVM starts, so it inherits them.
+    """
+    log_dir = settings.home / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_fd = os.open(log_dir / "spark.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    try:
+        os.dup2(log_fd, 1)
+        os.dup2(log_fd, 2)
+        return builder.getOrCreate()
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in (*saved, log_fd):
+            os.close(fd)
 
 
 def stop_spark() -> None:
