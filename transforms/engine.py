@@ -69,6 +69,7 @@ ENVELOPE_DDL = (
     "kind string, seq long, part int, branch int, key string, msg binary, stream string, "
     "receive_time timestamp, connection string, step string, reason string, payload binary"
 )
+DECODED_PREFIX = "m__"  # decoded message columns beside the envelope (a decoder may have a field `kind` too)
 QUARANTINE_KEY = "\x00quarantine"  # quarantine envelopes pass through the stateful step untouched
 
 QUARANTINE_TABLE = "quarantine"
@@ -145,6 +146,21 @@ class QueryPlan:
     # Bronze queries quarantine what the gateway could not frame; app queries skip it (counted once).
     quarantine_landing_errors: bool = False
     time_mode: str = "None"
+    # "envelope": messages travel pickled. "direct": decode straight into the one Delta sink's columns
+    # (bronze). "columnar": decoded columns go straight to a batch state computation (no objects).
+    mode: str = "envelope"
+
+    @property
+    def decoded_schema(self) -> pa.Schema | None:
+        return self.branches[0].decoder.schema if self.mode != "envelope" else None
+
+    @property
+    def stage_schema(self) -> pa.Schema:
+        """What the pre stage emits: the envelope, plus the decoded columns in direct/columnar mode."""
+        if self.mode == "envelope":
+            return ENVELOPE
+        extra = [pa.field(DECODED_PREFIX + f.name, f.type) for f in self.decoded_schema]
+        return pa.schema(list(ENVELOPE) + extra)
 
     @property
     def streams(self) -> list[str]:
@@ -182,6 +198,7 @@ def plan_queries(app: Application, settings: Settings, decoders: dict | None = N
         if not sinks:
             raise ValueError(f"application {app.name!r}: pipeline {i} has no sink (.to_sink(...))")
         timed = any(getattr(s, "on_timer", None) for b in resolved for s in b.post_steps)
+        mode = _choose_mode(resolved, sinks, keyed == {True}, timed)
         name = app.name if len(app.pipelines) == 1 else f"{app.name}.{p.name if isinstance(p, Pipeline) and p.name else i}"
         plans.append(
             QueryPlan(
@@ -194,9 +211,27 @@ def plan_queries(app: Application, settings: Settings, decoders: dict | None = N
                 generation=app.generation,
                 quarantine_landing_errors=app.quarantine_landing_errors,
                 time_mode="ProcessingTime" if timed else "None",
+                mode=mode,
             )
         )
     return plans
+
+
+def _choose_mode(branches: list[Pipeline], sinks: tuple, keyed: bool, timed: bool) -> str:
+    """Columns instead of pickled objects where nothing needs the objects (same results, faster)."""
+    if len(branches) != 1:
+        return "envelope"
+    b = branches[0]
+    if b.pre_steps or b.decoder.schema is None:
+        return "envelope"
+    if not keyed:
+        if len(sinks) == 1 and isinstance(sinks[0], DeltaSink) and sinks[0].schema is not None and sinks[0].accepts is None:
+            return "direct"
+        return "envelope"
+    post = b.post_steps
+    if isinstance(b.key_fn, str) and post and isinstance(post[0], StateComputation) and post[0].batch and not timed:
+        return "columnar"
+    return "envelope"
 
 
 # -- user-code calls --------------------------------------------------------------------------------
@@ -253,6 +288,94 @@ def _frame_to_records(name: str, out: Any) -> list:
 
 
 # -- pre stage: decode, stateless steps, key --------------------------------------------------------
+LANDING_KEYS = ("stream", "connection")
+
+
+def _key_of(key_fn, msg, cols: dict, i: int, fail_fast: bool):
+    if isinstance(key_fn, str):
+        rec = to_record(msg)
+        if key_fn in rec:
+            return rec[key_fn]
+        if key_fn in LANDING_KEYS:
+            return cols[key_fn][i]
+        raise _Quarantine("key_by", f"message has no field {key_fn!r}: {msg!r}")
+    return _call("key_by", fail_fast, key_fn, msg)
+
+
+def decode_columns(dec, payloads: pa.Array, fail_fast: bool) -> tuple[pa.Table, list]:
+    """Decode a column of payloads into `dec.schema` columns; errors[i] is None or why row i failed."""
+    if dec.column_fn is not None:
+        table = dec.column_fn(payloads)
+        errors = table.column("_error").to_pylist()
+        table = table.drop_columns(["_error"]).cast(dec.schema)
+    else:
+        records, errors = [], []
+        for p in payloads.to_pylist():
+            try:
+                records.append(to_record(_call(f"decoder {dec.name}", fail_fast, dec.fn, p)))
+                errors.append(None)
+            except _Quarantine as q:
+                records.append({})
+                errors.append(q.reason)
+        table = pa.Table.from_pylist(records, schema=dec.schema)
+    if fail_fast and any(e is not None for e in errors):
+        bad = next(e for e in errors if e is not None)
+        raise RuntimeError(f"decoder {dec.name!r} failed on a message (EVENTIDE_FAIL_FAST is on): {bad}")
+    return table, errors
+
+
+def make_columnar_stage(plan: QueryPlan, fail_fast: bool):
+    """Direct/columnar pre stage: decode whole columns; no Python object per message."""
+    import pyarrow.compute as pc
+
+    branch = plan.branches[0]
+    dec = branch.decoder
+    schema = plan.stage_schema
+    ok_kind = "out" if plan.mode == "direct" else "msg"
+    step_name = f"decoder {dec.name}"
+
+    def stage(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            n = batch.num_rows
+            payloads = batch.column("payload")
+            decoded, errors = decode_columns(dec, payloads, fail_fast)
+            landing_errors = batch.column("landing_error").to_pylist()
+            reasons = [le if le is not None else e for le, e in zip(landing_errors, errors)]
+            bad = pa.array([r is not None for r in reasons], pa.bool_())
+            cols = {
+                "kind": pc.if_else(bad, "quarantine", ok_kind),
+                "seq": batch.column("seq"),
+                "part": pa.array([0] * n, pa.int32()),
+                "branch": pa.array([0] * n, pa.int32()),
+                "key": None,
+                "msg": pa.nulls(n, pa.binary()),
+                "stream": batch.column("stream"),
+                "receive_time": batch.column("receive_time"),
+                "connection": batch.column("connection"),
+                "step": pa.array([None if r is None else ("gateway" if le is not None else step_name)
+                                  for r, le in zip(reasons, landing_errors)], pa.string()),
+                "reason": pa.array(reasons, pa.string()),
+                "payload": pc.if_else(bad, payloads, pa.scalar(None, pa.binary())),
+            }
+            if plan.mode == "columnar":
+                key = branch.key_fn
+                if key in decoded.column_names:
+                    keys = decoded.column(key).cast(pa.string())
+                elif key in LANDING_KEYS:
+                    keys = batch.column(key)
+                else:
+                    raise ValueError(f"key_by({key!r}): not a field of {dec.name}'s schema nor one of {LANDING_KEYS}")
+                cols["key"] = pc.if_else(bad, QUARANTINE_KEY, keys)
+            else:
+                cols["key"] = pa.nulls(n, pa.string())
+            for f in dec.schema:
+                cols[DECODED_PREFIX + f.name] = pc.if_else(bad, pa.scalar(None, f.type), decoded.column(f.name))
+            yield pa.RecordBatch.from_arrays([pa.array(cols[f.name]).cast(f.type) if not isinstance(cols[f.name], pa.ChunkedArray)
+                                              else cols[f.name].combine_chunks().cast(f.type) for f in schema], schema=schema)
+
+    return stage
+
+
 def _emit(out: dict, cols: dict, i: int, kind, seq, part, branch, key, msg, step, reason, payload) -> None:
     """Append one envelope to `out`, carrying input row i's landing metadata."""
     for name, value in (("kind", kind), ("seq", seq), ("part", part), ("branch", branch), ("key", key), ("msg", msg),
@@ -263,6 +386,8 @@ def _emit(out: dict, cols: dict, i: int, kind, seq, part, branch, key, msg, step
 
 
 def make_pre_stage(plan: QueryPlan, fail_fast: bool) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    if plan.mode != "envelope":
+        return make_columnar_stage(plan, fail_fast)
     by_stream = {b.stream: (i, b) for i, b in enumerate(plan.branches)}
     quarantine_landing = plan.quarantine_landing_errors
     keyed = plan.keyed
@@ -291,7 +416,7 @@ def make_pre_stage(plan: QueryPlan, fail_fast: bool) -> Callable[[Iterator[pa.Re
                     keys = []
                     if keyed:
                         for m in msgs:
-                            k = _call("key_by", fail_fast, branch.key_fn, m)
+                            k = _key_of(branch.key_fn, m, cols, i, fail_fast)
                             if k is None:
                                 raise _Quarantine("key_by", f"key function returned None for {m!r}")
                             keys.append(str(k))
@@ -331,13 +456,14 @@ class KeyedStateProcessor(StatefulProcessor):
         (key,) = key
         df = pd.concat(list(rows), ignore_index=True)
         if key == QUARANTINE_KEY:
-            yield df
+            yield df[ENVELOPE.names]
             return
         df = df.sort_values(["seq", "part"], kind="stable").reset_index(drop=True)
         states = self._load()
         token = _context.set(self._context(key, timerValues, self.plan.time_mode != "None"))
+        columns = [DECODED_PREFIX + n for n in self.plan.decoded_schema.names] if self.plan.mode == "columnar" else None
         try:
-            out = _run_key(df, states, self.plan.branches, self.fail_fast)
+            out = _run_key(df, states, self.plan.branches, self.fail_fast, columns)
         finally:
             _context.reset(token)
         self.value.update((dumps(states),))
@@ -434,7 +560,7 @@ def _envelope_frame(rows: list[tuple], key: str) -> pd.DataFrame:
     return out.frame(key, None)
 
 
-def _run_key(df: pd.DataFrame, states: dict, branches: tuple, fail_fast: bool) -> pd.DataFrame:
+def _run_key(df: pd.DataFrame, states: dict, branches: tuple, fail_fast: bool, columns: list[str] | None = None) -> pd.DataFrame:
     """Apply one key's messages (sorted by sequence) to its state; runs of one batch-form branch go together."""
     key = df["key"].iat[0]
     seqs = df["seq"].tolist()
@@ -458,7 +584,12 @@ def _run_key(df: pd.DataFrame, states: dict, branches: tuple, fail_fast: bool) -
             j = i
             while j < n and branch_col[j] == bno:
                 j += 1
-            _run_batch(out, seqs, parts, bno, msgs, i, j, sc, rest, states, fail_fast)
+            if columns is not None:  # columnar plan: the messages are the decoded columns themselves
+                frame = df.iloc[i:j][columns].reset_index(drop=True)
+                frame.columns = [c[len(DECODED_PREFIX):] for c in columns]
+            else:
+                frame = pd.DataFrame.from_records([to_record(pickle.loads(m)) for m in msgs[i:j]])
+            _run_batch(out, seqs, parts, bno, frame, i, j, sc, rest, states, fail_fast)
             i = j
             continue
         try:
@@ -482,8 +613,7 @@ def _run_key(df: pd.DataFrame, states: dict, branches: tuple, fail_fast: bool) -
     return out.frame(key, df)
 
 
-def _run_batch(out: _Rows, seqs, parts, bno, msgs, i, j, sc: StateComputation, rest, states, fail_fast) -> None:
-    frame = pd.DataFrame.from_records([to_record(pickle.loads(m)) for m in msgs[i:j]])
+def _run_batch(out: _Rows, seqs, parts, bno, frame: pd.DataFrame, i, j, sc: StateComputation, rest, states, fail_fast) -> None:
     frame["_seq"] = seqs[i:j]
     try:
         result = _call(sc.name, fail_fast, sc.fn, frame, _state_for(states, sc))
@@ -607,6 +737,9 @@ def make_batch_writer(plan: QueryPlan, settings: Settings, report: RunReport, tc
         report.quarantined += q.num_rows
 
         o = table.take(pa.array(o_idx, pa.int64()))
+        if plan.mode == "direct":
+            wrote_any |= _write_direct(plan, settings, report, o, batch_id)
+            o = o.slice(0, 0)
         outs = [pickle.loads(b) for b in o.column("msg").to_pylist()]
         meta = {c: o.column(c).to_pylist() for c in ("seq", "part", "stream", "receive_time", "connection")}
         for sink in plan.sinks:
@@ -649,6 +782,20 @@ def make_batch_writer(plan: QueryPlan, settings: Settings, report: RunReport, tc
     return write_batch
 
 
+def _write_direct(plan: QueryPlan, settings: Settings, report: RunReport, o: pa.Table, batch_id: int) -> bool:
+    """Direct plans: the decoded columns are the sink's rows already."""
+    (sink,) = plan.sinks
+    decoded = set(plan.decoded_schema.names)
+    data = pa.table(
+        {f.name: o.column(DECODED_PREFIX + f.name if f.name in decoded else f.name).cast(f.type) for f in sink.schema},
+        schema=sink.schema,
+    )
+    wrote = lake.append_once(settings.table_path(sink.table), data, plan.app_id(sink.table), batch_id, sink.partition_by)
+    if wrote:
+        report.rows_written[sink.table] = report.rows_written.get(sink.table, 0) + data.num_rows
+    return wrote
+
+
 def _send_tcp_once(plan, settings, sink: TCPSink, addr: str, outs: list, batch_id: int, conns: dict) -> None:
     """Send a batch's encoded outputs unless this batch was already sent (marker file per sink)."""
     from transforms.framing import DEFAULT_FRAMING
@@ -679,7 +826,9 @@ def build_stream(spark, plan: QueryPlan, settings: Settings):
     df = df.where(df.stream.isin(plan.streams))
     if not plan.quarantine_landing_errors:
         df = df.where(df.landing_error.isNull())
-    env = df.mapInArrow(make_pre_stage(plan, settings.fail_fast), ENVELOPE_DDL)
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    env = df.mapInArrow(make_pre_stage(plan, settings.fail_fast), from_arrow_schema(plan.stage_schema))
     if plan.keyed:
         env = env.groupBy("key").transformWithStateInPandas(
             statefulProcessor=KeyedStateProcessor(plan, settings.fail_fast),

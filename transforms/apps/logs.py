@@ -151,7 +151,7 @@ LOG_WINDOWS_SCHEMA = pa.schema(
 log_app = Application(
     "logs",
     source(SOURCE)
-    .key_by(lambda rec: SOURCE)
+    .key_by("stream")  # one window at a time per source (the stream)
     .to(window_lines)
     .to_sink(
         DeltaSink(WINDOWS_TABLE, schema=LOG_WINDOWS_SCHEMA, accepts=WindowStatusCount),
