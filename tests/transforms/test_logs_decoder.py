@@ -1,0 +1,68 @@
+"""The log decoder: full Common Log Format, and its column form equal to the one-line form."""
+
+import datetime as dt
+
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.conftest import DATA
+from transforms.apps.logs_decoder import decode_log_column, parse_log_line
+from transforms.framing import iter_file_messages
+
+SAMPLE = [m for d in range(1, 5) for m in iter_file_messages(DATA / "log_windowing" / f"day_{d}.log")]
+EDGES = [
+    b"END_OF_DAY", b"END_OF_DAY\r\n", b"END_OF_DAY\n", b"", b"garbage\n", b"END_OF_DAYX\n",
+    b'1.2.3.4 - - [07/Foo/2004:16:05:49 -0800] "GET / HTTP/1.0" 200 5\n',
+    b'1.2.3.4 - - [07/Mar/2004:16:05:49 -0800] "GET /" 200 5\r\n',
+    b'1.2.3.4 a b [07/Mar/2004:16:05:49 +0130] "A B C D" 200 5\n',
+    b'1.2.3.4 - - [07/Mar/2004:16:05:49 -0800] "-" 408 -\n',
+    b'1.2.3.4 - - [07/Mar/2004:16:05:49] "GET / HTTP/1.0" 200 5\n',
+    b'1.2.3.4 - - [07/Mar/2004:16:05:49 -0800] "GET / HTTP/1.0" 2000 5\n',
+]
+
+
+def _one_line(payload: bytes):
+    try:
+        rec = parse_log_line(payload.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return rec.__dict__
+
+
+def _assert_same(payloads):
+    table = decode_log_column(pa.array(payloads, pa.binary()), "END_OF_DAY")
+    for payload, row in zip(payloads, table.to_pylist()):
+        expected = _one_line(payload)
+        if expected is None:
+            assert row["_error"] is not None and row["kind"] is None, payload
+        else:
+            assert row["_error"] is None, (payload, row["_error"])
+            assert {k: row[k] for k in expected} == expected, payload
+
+
+def test_full_clf_parse_of_any_method_and_the_dash_request():
+    rec = parse_log_line('h - - [09/Mar/2004:13:49:05 -0800] "-" 408 -\r\n')
+    assert (rec.method, rec.path, rec.protocol, rec.status, rec.bytes) == (None, None, None, 408, None)
+    rec = parse_log_line('h - - [07/Mar/2004:22:29:41 -0800] "POST /mailman/options/cnc_notice HTTP/1.1" 200 3533\n')
+    assert (rec.method, rec.day, rec.timestamp) == ("POST", dt.date(2004, 3, 7), dt.datetime(2004, 3, 8, 6, 29, 41, tzinfo=dt.timezone.utc))
+    assert parse_log_line("END_OF_DAY\r\n").is_marker
+    with pytest.raises(ValueError, match="not a Common Log Format line"):
+        parse_log_line("garbage")
+
+
+def test_column_form_equals_one_line_form_on_the_sample_days_and_edge_cases():
+    _assert_same(SAMPLE + EDGES)
+
+
+def test_invalid_utf8_falls_back_row_by_row():
+    _assert_same([SAMPLE[0], b"\xff\xfe bad\n", b"END_OF_DAY"])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(SAMPLE[:200] + EDGES), st.integers(0, 120), st.binary(max_size=3)), max_size=30))
+def test_column_form_equals_one_line_form_on_mutated_lines(cases):
+    # Mutate real lines: overwrite a few bytes at a position, so some stay valid and most break.
+    payloads = [line[:pos] + junk + line[pos + len(junk):] for line, pos, junk in cases]
+    _assert_same(payloads)
