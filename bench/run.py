@@ -1,0 +1,99 @@
+"""`make bench`: every benchmark, one results file.
+
+Each benchmark measures Eventide next to a baseline in the same run and records the ratio.
+Results: bench/results/latest.json and bench/results/latest.md (a copy per run, dated).
+
+    python -m bench.run                       # all, default sizes
+    python -m bench.run --only gateway,words  # a subset
+    python -m bench.run --quick               # small sizes, a smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import platform
+import sys
+import time
+import traceback
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def _benchmarks(quick: bool) -> dict:
+    from bench.engine import bench_bronze, bench_words
+    from bench.gateway import bench_gateway
+
+    def gateway(r):
+        bench_gateway(r, messages_per_sender=50_000 if quick else 250_000)
+
+    def bronze(r):
+        bench_bronze(r, lines=50_000 if quick else 500_000)
+
+    def words(r):
+        bench_words(r, lines=5_000 if quick else 50_000)
+
+    def market(r):
+        from bench.market import bench_market
+
+        bench_market(r, messages=50_000 if quick else 500_000)
+
+    def logs(r):
+        from bench.logs import bench_logs
+
+        bench_logs(r, sizes=(100_000,) if quick else (1_000_000, 4_000_000))
+
+    return {"gateway": gateway, "bronze": bronze, "words": words, "market": market, "logs": logs}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--only", help="comma-separated: gateway,bronze,words,market,logs")
+    p.add_argument("--quick", action="store_true")
+    args = p.parse_args(argv)
+    benches = _benchmarks(args.quick)
+    chosen = args.only.split(",") if args.only else list(benches)
+    results: dict = {
+        "when": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "machine": f"{platform.machine()}, {__import__('os').cpu_count()} cores, Python {platform.python_version()}",
+        "quick": args.quick,
+    }
+    failed = []
+    for name in chosen:
+        print(f"[bench] {name} ...", file=sys.stderr, flush=True)
+        started = time.time()
+        part: dict = {}
+        try:
+            benches[name](part)
+        except Exception:
+            failed.append(name)
+            part["error"] = traceback.format_exc(limit=3)
+            print(part["error"], file=sys.stderr)
+        part["seconds"] = round(time.time() - started, 1)
+        results[name] = part
+        print(f"[bench] {name}: {json.dumps(part)}", file=sys.stderr, flush=True)
+    RESULTS.mkdir(exist_ok=True)
+    text = json.dumps(results, indent=2, default=str)
+    (RESULTS / "latest.json").write_text(text)
+    (RESULTS / "latest.md").write_text(_markdown(results))
+    print(text)
+    return 1 if failed else 0
+
+
+def _markdown(results: dict) -> str:
+    lines = [f"# Benchmark results ({results['when']}, {results['machine']})", ""]
+    for name, part in results.items():
+        if not isinstance(part, dict):
+            continue
+        lines += [f"## {name}", "", "| measure | value |", "|---|---|"]
+        lines += [f"| {k} | {v} |" for k, v in part.items() if k != "error"]
+        if "error" in part:
+            lines += ["", "```", part["error"].strip(), "```"]
+        lines.append("")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
