@@ -66,10 +66,12 @@ def run_demo(settings: Settings) -> int:
     _say(show_table(settings, "daily_return_code_summary").rstrip())
     passed = sum(c[2] for c in summary.checks)
     _say(f"\n   checks: {passed} passed, {len(summary.checks) - passed} failed")
-    for asset, check, ok, partition in sorted(summary.checks, key=lambda c: (c[3], c[1])):
-        if partition == sorted({c[3] for c in summary.checks})[0] or not ok:
-            _say(f"   {'PASS' if ok else 'FAIL'} {asset}[{partition}] {check}")
-    _say("   (the same checks ran for every partition)")
+    by_check: dict[tuple[str, str], list[bool]] = {}
+    for asset, check, ok, _partition in summary.checks:
+        by_check.setdefault((asset, check), []).append(ok)
+    for (asset, check), results in sorted(by_check.items()):
+        runs = f" ({sum(results)}/{len(results)} partitions)" if len(results) > 1 else ""
+        _say(f"   {'PASS' if all(results) else 'FAIL'} {asset}: {check}{runs}")
 
     _say("\n4. word count: the ten most frequent words")
     totals = lake.query("select word, count from t order by count desc, word limit 10", t=settings.table_path("word_totals"))
