@@ -1,0 +1,238 @@
+"""Market spread (Wallaroo's market_spread example), written with the public API.
+
+Two streams share one state per symbol: `market_data` quotes set the symbol's last bid and offer
+and whether its spread is too wide; `orders` are checked against that state as of their arrival
+(the gateway's global sequence orders both streams). An order for a symbol in reject state yields
+one rejection carrying the symbol's last bid and offer.
+
+The rule, in IEEE doubles and in exactly this order of operations (many real quotes sit at a
+spread of exactly 5 cents, where `offer - bid` lands on either side of 0.05):
+
+    spread = offer - bid;  mid = (bid + offer) / 2
+    reject = spread >= 0.05 or spread / mid >= 0.05
+
+A zero mid (Wallaroo divided by zero) or a non-finite price rejects, with the reason recorded.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from transforms.api import Application, DeltaSink, TCPSink, encoder, merge, source, state_computation
+from transforms.apps.market_decoder import (
+    MarketData,
+    Order,
+    OrderResult,
+    encode_order_result,
+    parse_market_data,
+    parse_order,
+    timestamp_10us,
+)
+
+SPREAD_LIMIT = 0.05  # both the absolute spread (dollars) and the spread relative to the mid
+
+REASON_NEVER_SEEN = "never seen"
+REASON_NON_FINITE = "non-finite price"
+REASON_MID_ZERO = "mid is zero"
+REASON_SPREAD = "spread >= 0.05"
+REASON_SPREAD_OF_MID = "spread / mid >= 0.05"
+
+
+# -- the rule (pure) --------------------------------------------------------------------------------
+def spread_decision(bid: float, offer: float) -> tuple[bool, str | None]:
+    """(reject, reason) for a quote; reason is None when the symbol accepts orders."""
+    if not (math.isfinite(bid) and math.isfinite(offer)):
+        return True, REASON_NON_FINITE
+    spread = offer - bid
+    if spread >= SPREAD_LIMIT:
+        return True, REASON_SPREAD
+    mid = (bid + offer) / 2
+    if mid == 0:
+        return True, REASON_MID_ZERO
+    if spread / mid >= SPREAD_LIMIT:
+        return True, REASON_SPREAD_OF_MID
+    return False, None
+
+
+def should_reject(bid: float, offer: float) -> bool:
+    return spread_decision(bid, offer)[0]
+
+
+def spread_reject_array(bid, offer) -> np.ndarray:
+    """The rule over whole columns (numpy float64: the same IEEE operations in the same order)."""
+    bid = np.asarray(bid, dtype=np.float64)
+    offer = np.asarray(offer, dtype=np.float64)
+    with np.errstate(all="ignore"):
+        finite = np.isfinite(bid) & np.isfinite(offer)
+        spread = offer - bid
+        mid = (bid + offer) / 2
+        of_mid = spread / np.where(mid == 0, 1.0, mid)
+        return ~finite | (spread >= SPREAD_LIMIT) | (mid == 0) | (of_mid >= SPREAD_LIMIT)
+
+
+# -- state and outputs ------------------------------------------------------------------------------
+class SymbolState:
+    """One per symbol, shared by both streams. Never seen on market data: bid 0, offer 0, reject."""
+
+    def __init__(self) -> None:
+        self.bid = 0.0
+        self.offer = 0.0
+        self.reject = True
+        self.reason: str | None = REASON_NEVER_SEEN
+
+
+@dataclass
+class SymbolQuote:
+    """A symbol's state after a market-data message (a row of `market_state`)."""
+
+    symbol: str
+    bid: float
+    offer: float
+    reject: bool
+    reason: str | None
+    transact_time: dt.datetime
+
+
+@dataclass
+class OrderRejection:
+    """A rejected order with the symbol's last bid and offer (a row of `order_rejections`)."""
+
+    side: int
+    account: int
+    order_id: str
+    symbol: str
+    qty: float
+    price: float
+    transact_time: dt.datetime
+    last_bid: float
+    last_offer: float
+    reason: str | None
+    decision_time: dt.datetime
+
+
+def apply_quote(msg: MarketData, state: SymbolState) -> SymbolQuote:
+    state.bid, state.offer = msg.bid, msg.offer
+    state.reject, state.reason = spread_decision(msg.bid, msg.offer)
+    return SymbolQuote(msg.symbol, msg.bid, msg.offer, state.reject, state.reason, msg.transact_time)
+
+
+def apply_order(order: Order, state: SymbolState, now: dt.datetime | None = None) -> OrderRejection | None:
+    if not state.reject:
+        return None
+    return OrderRejection(order.side, order.account, order.order_id, order.symbol, order.qty, order.price,
+                          order.transact_time, state.bid, state.offer, state.reason,
+                          now or dt.datetime.now(dt.timezone.utc))
+
+
+@state_computation("update quote", state=SymbolState)
+def update_quote(msg: MarketData, state: SymbolState) -> SymbolQuote:
+    return apply_quote(msg, state)
+
+
+@state_computation("check order", state=SymbolState)
+def check_order(order: Order, state: SymbolState) -> OrderRejection | None:
+    return apply_order(order, state)
+
+
+def symbol_of(msg: MarketData | Order) -> str:
+    return msg.symbol
+
+
+def order_result(r: OrderRejection) -> OrderResult:
+    return OrderResult(r.side, r.account, r.order_id, r.symbol, r.qty, r.price, r.last_bid, r.last_offer,
+                       timestamp_10us(r.decision_time))
+
+
+@encoder
+def encode_rejection(r: OrderRejection) -> bytes:
+    """Wallaroo's OrderResult payload (`>BI6s4sddddQ`, 55 bytes); the TCP sink frames it."""
+    return encode_order_result(order_result(r))
+
+
+# -- the application --------------------------------------------------------------------------------
+_TS = pa.timestamp("us", tz="UTC")
+MARKET_STATE_SCHEMA = pa.schema(
+    [
+        ("symbol", pa.string()),
+        ("bid", pa.float64()),
+        ("offer", pa.float64()),
+        ("reject", pa.bool_()),
+        ("reason", pa.string()),
+        ("transact_time", _TS),  # the last quote's own time
+        ("seq", pa.int64()),  # gateway sequence of the last quote
+        ("receive_time", _TS),  # when the gateway received it
+    ]
+)
+ORDER_REJECTIONS_SCHEMA = pa.schema(
+    [
+        ("side", pa.int8()),
+        ("account", pa.int64()),
+        ("order_id", pa.string()),
+        ("symbol", pa.string()),
+        ("qty", pa.float64()),
+        ("price", pa.float64()),
+        ("transact_time", _TS),
+        ("last_bid", pa.float64()),
+        ("last_offer", pa.float64()),
+        ("reason", pa.string()),
+        ("decision_time", _TS),
+        ("seq", pa.int64()),  # gateway sequence of the order
+        ("receive_time", _TS),
+    ]
+)
+
+MARKET_STATE_TABLE = "market_state"
+ORDER_REJECTIONS_TABLE = "order_rejections"
+ORDER_RESULTS_SINK = "order_results"  # TCP: EVENTIDE_SINK_ORDER_RESULTS=HOST:PORT
+
+market_app = Application(
+    "market_spread",
+    merge(
+        source("market_data").key_by(symbol_of).to(update_quote),
+        source("orders").key_by(symbol_of).to(check_order),
+    ).to_sink(
+        DeltaSink(MARKET_STATE_TABLE, mode="upsert", keys=("symbol",), schema=MARKET_STATE_SCHEMA,
+                  accepts=SymbolQuote, metadata=("seq", "receive_time")),
+        DeltaSink(ORDER_REJECTIONS_TABLE, schema=ORDER_REJECTIONS_SCHEMA, accepts=OrderRejection,
+                  metadata=("seq", "receive_time")),
+        TCPSink(ORDER_RESULTS_SINK, encode_rejection, framed=True, accepts=OrderRejection),
+    ),
+    description="Market spread: last quote per symbol and the orders rejected for a too-wide spread.",
+)
+
+
+# -- Wallaroo's model: one process, one loop ---------------------------------------------------------
+def run_loop(messages: Iterable[tuple[str, bytes]], now: dt.datetime | None = None
+             ) -> tuple[dict[str, SymbolQuote], list[OrderRejection]]:
+    """The same decisions in a plain single-process loop over (stream, payload) in arrival order.
+
+    Returns the last quote per symbol and the rejections. The baseline of the benchmark, and the
+    tests' reference. Undecodable messages raise.
+    """
+    states: dict[str, SymbolState] = {}
+    quotes: dict[str, SymbolQuote] = {}
+    rejections: list[OrderRejection] = []
+    for stream, payload in messages:
+        if stream == "market_data":
+            m = parse_market_data(payload)
+            st = states.get(m.symbol)
+            if st is None:
+                st = states[m.symbol] = SymbolState()
+            quotes[m.symbol] = apply_quote(m, st)
+        elif stream == "orders":
+            o = parse_order(payload)
+            st = states.get(o.symbol)
+            if st is None:
+                st = states[o.symbol] = SymbolState()
+            r = apply_order(o, st, now)
+            if r is not None:
+                rejections.append(r)
+        else:
+            raise ValueError(f"market spread: unexpected stream {stream!r}")
+    return quotes, rejections
