@@ -183,6 +183,15 @@ def state_computation(name: str, state: type, *, batch: bool = False, on_timer: 
     return wrap
 
 
+@dataclass(frozen=True)
+class Emit:
+    """What a batch state computation returns per output when it says which input message (by its
+    `_seq`) the output answers; that message's sequence and landing metadata go with the output."""
+
+    seq: int
+    value: Any
+
+
 # -- records ----------------------------------------------------------------------------------------
 def to_record(obj: Any) -> dict:
     """A message or output as a flat dict: dicts, dataclasses and namedtuples as their fields."""
@@ -314,10 +323,21 @@ def source(stream: str, decoder: Decoder | None = None) -> Pipeline:
 
 @dataclass(frozen=True)
 class Merged:
-    """Keyed pipelines sharing one keyed state; each branch keeps its own steps."""
+    """Keyed pipelines sharing one keyed state; each branch keeps its own steps.
+
+    `.to(state_computation)` after `merge` gives the branches one shared state computation; a batch one
+    then sees a key's messages of every branch together, in sequence order (column `_stream` says
+    which stream each came from).
+    """
 
     branches: tuple[Pipeline, ...]
     sinks: tuple = ()
+    steps: tuple = ()
+
+    def to(self, step: StateComputation | Computation) -> Merged:
+        if any(b.post_steps for b in self.branches):
+            raise ValueError("merge(...).to(...): the merged pipelines already have their own state computations")
+        return dataclasses.replace(self, steps=(*self.steps, step))
 
     def to_sink(self, *sinks: Sink) -> Merged:
         return dataclasses.replace(self, sinks=(*self.sinks, *sinks))

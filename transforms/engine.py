@@ -36,6 +36,7 @@ from transforms.api import (
     Application,
     Computation,
     DeltaSink,
+    Emit,
     Merged,
     Pipeline,
     StateComputation,
@@ -149,10 +150,8 @@ class QueryPlan:
     # "envelope": messages travel pickled. "direct": decode straight into the one Delta sink's columns
     # (bronze). "columnar": decoded columns go straight to a batch state computation (no objects).
     mode: str = "envelope"
-
-    @property
-    def decoded_schema(self) -> pa.Schema | None:
-        return self.branches[0].decoder.schema if self.mode != "envelope" else None
+    # direct/columnar: the decoded columns (for merged branches, the union of their decoders' columns)
+    decoded_schema: pa.Schema | None = None
 
     @property
     def stage_schema(self) -> pa.Schema:
@@ -180,10 +179,11 @@ def plan_queries(app: Application, settings: Settings, decoders: dict | None = N
     plans = []
     for i, p in enumerate(app.pipelines):
         branches = p.branches if isinstance(p, Merged) else (p,)
+        shared_steps = p.steps if isinstance(p, Merged) else ()
         resolved = []
         for b in branches:
             dec = b.decoder or (decoders or {}).get(b.stream) or stream_decoder(b.stream)
-            resolved.append(Pipeline(b.stream, dec, b.steps, b.key_fn, b.sinks, b.name))
+            resolved.append(Pipeline(b.stream, dec, b.steps + shared_steps, b.key_fn, b.sinks, b.name))
         groups = {settings.group_of(b.stream) for b in resolved}
         if len(groups) > 1:
             raise ValueError(
@@ -198,7 +198,7 @@ def plan_queries(app: Application, settings: Settings, decoders: dict | None = N
         if not sinks:
             raise ValueError(f"application {app.name!r}: pipeline {i} has no sink (.to_sink(...))")
         timed = any(getattr(s, "on_timer", None) for b in resolved for s in b.post_steps)
-        mode = _choose_mode(resolved, sinks, keyed == {True}, timed)
+        mode, decoded = _choose_mode(resolved, sinks, keyed == {True}, timed)
         name = app.name if len(app.pipelines) == 1 else f"{app.name}.{p.name if isinstance(p, Pipeline) and p.name else i}"
         plans.append(
             QueryPlan(
@@ -212,26 +212,34 @@ def plan_queries(app: Application, settings: Settings, decoders: dict | None = N
                 quarantine_landing_errors=app.quarantine_landing_errors,
                 time_mode="ProcessingTime" if timed else "None",
                 mode=mode,
+                decoded_schema=decoded,
             )
         )
     return plans
 
 
-def _choose_mode(branches: list[Pipeline], sinks: tuple, keyed: bool, timed: bool) -> str:
+def _choose_mode(branches: list[Pipeline], sinks: tuple, keyed: bool, timed: bool) -> tuple[str, pa.Schema | None]:
     """Columns instead of pickled objects where nothing needs the objects (same results, faster)."""
-    if len(branches) != 1:
-        return "envelope"
-    b = branches[0]
-    if b.pre_steps or b.decoder.schema is None:
-        return "envelope"
+    if any(b.pre_steps or b.decoder.schema is None for b in branches):
+        return "envelope", None
     if not keyed:
-        if len(sinks) == 1 and isinstance(sinks[0], DeltaSink) and sinks[0].schema is not None and sinks[0].accepts is None:
-            return "direct"
-        return "envelope"
-    post = b.post_steps
-    if isinstance(b.key_fn, str) and post and isinstance(post[0], StateComputation) and post[0].batch and not timed:
-        return "columnar"
-    return "envelope"
+        sink = sinks[0]
+        if len(branches) == 1 and len(sinks) == 1 and isinstance(sink, DeltaSink) and sink.schema is not None and sink.accepts is None:
+            return "direct", branches[0].decoder.schema
+        return "envelope", None
+    first = branches[0].post_steps[0] if branches[0].post_steps else None
+    if timed or not (isinstance(first, StateComputation) and first.batch):
+        return "envelope", None
+    if any(not isinstance(b.key_fn, str) or b.key_fn != branches[0].key_fn or not b.post_steps or b.post_steps[0] is not first
+           for b in branches):
+        return "envelope", None
+    union: dict[str, pa.Field] = {}
+    for b in branches:
+        for f in b.decoder.schema:
+            if f.name in union and union[f.name].type != f.type:
+                return "envelope", None  # same name, different types: keep objects
+            union.setdefault(f.name, f)
+    return "columnar", pa.schema(list(union.values()))
 
 
 # -- user-code calls --------------------------------------------------------------------------------
@@ -326,52 +334,83 @@ def decode_columns(dec, payloads: pa.Array, fail_fast: bool) -> tuple[pa.Table, 
 
 def make_columnar_stage(plan: QueryPlan, fail_fast: bool):
     """Direct/columnar pre stage: decode whole columns; no Python object per message."""
+    import numpy as np
     import pyarrow.compute as pc
 
-    branch = plan.branches[0]
-    dec = branch.decoder
+    branches = plan.branches
+    union = plan.decoded_schema
     schema = plan.stage_schema
     ok_kind = "out" if plan.mode == "direct" else "msg"
-    step_name = f"decoder {dec.name}"
+    key = branches[0].key_fn
+
+    def decode_all(batch: pa.RecordBatch):
+        """Each branch decodes its own rows; the results are put back in input order."""
+        streams = np.asarray(batch.column("stream").to_pylist(), dtype=object)
+        payloads = batch.column("payload")
+        n = batch.num_rows
+        tables, positions = [], []
+        errors: list = [None] * n
+        branch_no = np.zeros(n, dtype=np.int32)
+        steps: list = [None] * n
+        for bno, b in enumerate(branches):
+            idx = np.nonzero(streams == b.stream)[0] if len(branches) > 1 else np.arange(n)
+            if not len(idx):
+                continue
+            t, errs = decode_columns(b.decoder, payloads.take(pa.array(idx)) if len(branches) > 1 else payloads, fail_fast)
+            t = pa.table({f.name: t.column(f.name) if f.name in t.column_names else pa.nulls(t.num_rows, f.type)
+                          for f in union}, schema=union)
+            tables.append(t)
+            positions.append(idx)
+            branch_no[idx] = bno
+            for i, e in zip(idx, errs):
+                if e is not None:
+                    errors[i] = e
+                    steps[i] = f"decoder {b.decoder.name}"
+        decoded = pa.concat_tables(tables).take(pa.array(np.argsort(np.concatenate(positions), kind="stable")))
+        return decoded, errors, steps, branch_no
 
     def stage(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
             n = batch.num_rows
+            if n == 0:
+                continue
             payloads = batch.column("payload")
-            decoded, errors = decode_columns(dec, payloads, fail_fast)
+            decoded, errors, steps, branch_no = decode_all(batch)
             landing_errors = batch.column("landing_error").to_pylist()
             reasons = [le if le is not None else e for le, e in zip(landing_errors, errors)]
             bad = pa.array([r is not None for r in reasons], pa.bool_())
             cols = {
                 "kind": pc.if_else(bad, "quarantine", ok_kind),
                 "seq": batch.column("seq"),
-                "part": pa.array([0] * n, pa.int32()),
-                "branch": pa.array([0] * n, pa.int32()),
-                "key": None,
+                "part": pa.array(np.zeros(n, dtype=np.int32)),
+                "branch": pa.array(branch_no),
                 "msg": pa.nulls(n, pa.binary()),
                 "stream": batch.column("stream"),
                 "receive_time": batch.column("receive_time"),
                 "connection": batch.column("connection"),
-                "step": pa.array([None if r is None else ("gateway" if le is not None else step_name)
-                                  for r, le in zip(reasons, landing_errors)], pa.string()),
+                "step": pa.array(["gateway" if le is not None else st for le, st in zip(landing_errors, steps)], pa.string()),
                 "reason": pa.array(reasons, pa.string()),
                 "payload": pc.if_else(bad, payloads, pa.scalar(None, pa.binary())),
             }
             if plan.mode == "columnar":
-                key = branch.key_fn
                 if key in decoded.column_names:
                     keys = decoded.column(key).cast(pa.string())
                 elif key in LANDING_KEYS:
                     keys = batch.column(key)
                 else:
-                    raise ValueError(f"key_by({key!r}): not a field of {dec.name}'s schema nor one of {LANDING_KEYS}")
+                    raise ValueError(f"key_by({key!r}): not a decoded field nor one of {LANDING_KEYS}")
                 cols["key"] = pc.if_else(bad, QUARANTINE_KEY, keys)
             else:
                 cols["key"] = pa.nulls(n, pa.string())
-            for f in dec.schema:
+            for f in union:
                 cols[DECODED_PREFIX + f.name] = pc.if_else(bad, pa.scalar(None, f.type), decoded.column(f.name))
-            yield pa.RecordBatch.from_arrays([pa.array(cols[f.name]).cast(f.type) if not isinstance(cols[f.name], pa.ChunkedArray)
-                                              else cols[f.name].combine_chunks().cast(f.type) for f in schema], schema=schema)
+            arrays = []
+            for f in schema:
+                col = cols[f.name]
+                if isinstance(col, pa.ChunkedArray):
+                    col = col.combine_chunks()
+                arrays.append(col.cast(f.type))
+            yield pa.RecordBatch.from_arrays(arrays, schema=schema)
 
     return stage
 
@@ -444,9 +483,8 @@ class KeyedStateProcessor(StatefulProcessor):
         self.value = handle.getValueState("states", StructType([StructField("blob", BinaryType(), True)]))
 
     def _load(self) -> dict:
-        if self.value.exists():
-            return pickle.loads(self.value.get()[0])
-        return {}
+        row = self.value.get()  # None when the key has no state yet (one state-store call, not two)
+        return pickle.loads(row[0]) if row is not None else {}
 
     def _context(self, key: str, timer_values, timers: bool) -> Context:
         return Context(key, _safe(timer_values.getCurrentProcessingTimeInMs),
@@ -582,14 +620,15 @@ def _run_key(df: pd.DataFrame, states: dict, branches: tuple, fail_fast: bool, c
         sc, rest = plans[bno]
         if sc is not None and sc.batch:
             j = i
-            while j < n and branch_col[j] == bno:
+            while j < n and plans[branch_col[j]][0] is sc:  # a shared (merged) computation takes every branch
                 j += 1
             if columns is not None:  # columnar plan: the messages are the decoded columns themselves
                 frame = df.iloc[i:j][columns].reset_index(drop=True)
                 frame.columns = [c[len(DECODED_PREFIX):] for c in columns]
+                frame["_stream"] = df["stream"].iloc[i:j].to_numpy()
             else:
                 frame = pd.DataFrame.from_records([to_record(pickle.loads(m)) for m in msgs[i:j]])
-            _run_batch(out, seqs, parts, bno, frame, i, j, sc, rest, states, fail_fast)
+            _run_batch(out, seqs, parts, branch_col, frame, i, j, sc, rest, states, fail_fast)
             i = j
             continue
         try:
@@ -613,7 +652,8 @@ def _run_key(df: pd.DataFrame, states: dict, branches: tuple, fail_fast: bool, c
     return out.frame(key, df)
 
 
-def _run_batch(out: _Rows, seqs, parts, bno, frame: pd.DataFrame, i, j, sc: StateComputation, rest, states, fail_fast) -> None:
+def _run_batch(out: _Rows, seqs, parts, branch_col, frame: pd.DataFrame, i, j, sc: StateComputation, rest, states,
+               fail_fast) -> None:
     frame["_seq"] = seqs[i:j]
     try:
         result = _call(sc.name, fail_fast, sc.fn, frame, _state_for(states, sc))
@@ -621,14 +661,18 @@ def _run_batch(out: _Rows, seqs, parts, bno, frame: pd.DataFrame, i, j, sc: Stat
         records = _apply_steps(rest, records, fail_fast)
     except _Quarantine as q:
         for k in range(i, j):
-            out.add("quarantine", seqs[k], parts[k], bno, None, q.step, q.reason, k)
+            out.add("quarantine", seqs[k], parts[k], branch_col[k], None, q.step, q.reason, k)
         return
-    # Each output row names the input it answers with `_seq` (default: the run's last message).
+    # Each output names the input it answers (`Emit(seq, value)` or a `_seq` field; default: the last).
     position = {s: k for k, s in enumerate(seqs[i:j], start=i)}
     for n_out, rec in enumerate(records):
-        s = rec.pop("_seq", None) if isinstance(rec, dict) else None
+        s = None
+        if isinstance(rec, Emit):
+            s, rec = rec.seq, rec.value
+        elif isinstance(rec, dict):
+            s = rec.pop("_seq", None)
         k = position.get(int(s), j - 1) if s is not None else j - 1
-        out.add("out", seqs[k], n_out, bno, dumps(rec), None, None, k)
+        out.add("out", seqs[k], n_out, branch_col[k], dumps(rec), None, None, k)
 
 
 # -- sinks ------------------------------------------------------------------------------------------

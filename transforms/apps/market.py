@@ -22,9 +22,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 
-from transforms.api import Application, DeltaSink, TCPSink, encoder, merge, source, state_computation
+from transforms.api import Application, DeltaSink, Emit, TCPSink, encoder, merge, source, state_computation
 from transforms.apps.market_decoder import (
     MarketData,
     Order,
@@ -140,6 +141,69 @@ def check_order(order: Order, state: SymbolState) -> OrderRejection | None:
     return apply_order(order, state)
 
 
+def spread_decisions(bid: np.ndarray, offer: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`spread_decision` over whole columns: (reject, reason), the same IEEE operations in the same order."""
+    bid = np.asarray(bid, dtype=np.float64)
+    offer = np.asarray(offer, dtype=np.float64)
+    with np.errstate(all="ignore"):
+        finite = np.isfinite(bid) & np.isfinite(offer)
+        spread = offer - bid
+        mid = (bid + offer) / 2
+        of_mid = spread / np.where(mid == 0, 1.0, mid)
+    n = len(bid)
+    reason = np.select(
+        [~finite, spread >= SPREAD_LIMIT, mid == 0, of_mid >= SPREAD_LIMIT],
+        [np.full(n, r, dtype=object) for r in (REASON_NON_FINITE, REASON_SPREAD, REASON_MID_ZERO, REASON_SPREAD_OF_MID)],
+        default=None,
+    )
+    return reason != None, reason  # noqa: E711 (elementwise on an object array)
+
+
+@state_computation("market spread", state=SymbolState, batch=True)
+def market_spread(frame: pd.DataFrame, state: SymbolState) -> list:
+    """One symbol's quotes and orders of a micro-batch, in arrival order, at once.
+
+    Equal to `update_quote` + `check_order` applied one message at a time: every order sees the state
+    left by the last quote before it (a forward fill over the frame). Only the symbol's last quote of
+    the batch is emitted: `market_state` is an upsert and would keep only that one anyway.
+    """
+    n = len(frame)
+    is_quote = (frame["_stream"] == "market_data").to_numpy()
+    rows = np.arange(n)
+    last_quote = np.maximum.accumulate(np.where(is_quote, rows, -1))  # latest quote at or before each row
+    bid = frame["bid"].to_numpy(dtype=np.float64)
+    offer = frame["offer"].to_numpy(dtype=np.float64)
+    reject = np.zeros(n, dtype=bool)
+    reason = np.full(n, None, dtype=object)
+    reject[is_quote], reason[is_quote] = spread_decisions(bid[is_quote], offer[is_quote])
+    seen = last_quote >= 0
+    at = np.where(seen, last_quote, 0)
+    order_reject = np.where(seen, reject[at], state.reject)
+    order_reason = np.where(seen, reason[at], state.reason)
+    order_bid = np.where(seen, bid[at], state.bid)
+    order_offer = np.where(seen, offer[at], state.offer)
+
+    out: list = []
+    now = dt.datetime.now(dt.timezone.utc)
+    rejected = np.nonzero(~is_quote & order_reject)[0]
+    if len(rejected):
+        sub = frame.iloc[rejected]
+        times = [t.to_pydatetime() for t in sub["transact_time"]]
+        for k, side, account, oid, qty, price, t in zip(rejected, sub["side"], sub["account"], sub["order_id"],
+                                                        sub["qty"], sub["price"], times):
+            out.append(Emit(int(frame["_seq"].iat[k]), OrderRejection(
+                int(side), int(account), oid, frame["symbol"].iat[k], float(qty), float(price), t,
+                float(order_bid[k]), float(order_offer[k]), order_reason[k], now)))
+    if is_quote.any():
+        k = int(np.nonzero(is_quote)[0][-1])
+        state.bid, state.offer = float(bid[k]), float(offer[k])
+        state.reject, state.reason = bool(reject[k]), reason[k]
+        t = frame["transact_time"].iloc[k].to_pydatetime()
+        out.append(Emit(int(frame["_seq"].iat[k]),
+                        SymbolQuote(frame["symbol"].iat[k], state.bid, state.offer, state.reject, state.reason, t)))
+    return out
+
+
 def symbol_of(msg: MarketData | Order) -> str:
     return msg.symbol
 
@@ -191,21 +255,35 @@ MARKET_STATE_TABLE = "market_state"
 ORDER_REJECTIONS_TABLE = "order_rejections"
 ORDER_RESULTS_SINK = "order_results"  # TCP: EVENTIDE_SINK_ORDER_RESULTS=HOST:PORT
 
-market_app = Application(
-    "market_spread",
+def _market_app(name: str, pipelines) -> Application:
+    return Application(name, pipelines.to_sink(*MARKET_SINKS), description=MARKET_DESCRIPTION)
+
+
+MARKET_DESCRIPTION = "Market spread: last quote per symbol and the orders rejected for a too-wide spread."
+MARKET_SINKS = (
+    DeltaSink(MARKET_STATE_TABLE, mode="upsert", keys=("symbol",), schema=MARKET_STATE_SCHEMA,
+              accepts=SymbolQuote, metadata=("seq", "receive_time")),
+    DeltaSink(ORDER_REJECTIONS_TABLE, schema=ORDER_REJECTIONS_SCHEMA, accepts=OrderRejection,
+              metadata=("seq", "receive_time")),
+    TCPSink(ORDER_RESULTS_SINK, encode_rejection, framed=True, accepts=OrderRejection),
+)
+
+# Wallaroo's shape: each stream its own state computation on the shared per-symbol state, one
+# message at a time. The reference that the batch form below must equal.
+market_app_per_message = _market_app(
+    "market_spread_per_message",
     merge(
         source("market_data").key_by(symbol_of).to(update_quote),
         source("orders").key_by(symbol_of).to(check_order),
-    ).to_sink(
-        DeltaSink(MARKET_STATE_TABLE, mode="upsert", keys=("symbol",), schema=MARKET_STATE_SCHEMA,
-                  accepts=SymbolQuote, metadata=("seq", "receive_time")),
-        DeltaSink(ORDER_REJECTIONS_TABLE, schema=ORDER_REJECTIONS_SCHEMA, accepts=OrderRejection,
-                  metadata=("seq", "receive_time")),
-        TCPSink(ORDER_RESULTS_SINK, encode_rejection, framed=True, accepts=OrderRejection),
     ),
-    description="Market spread: last quote per symbol and the orders rejected for a too-wide spread.",
 )
 
+# What runs: both streams merged on the symbol, one batch state computation over a symbol's messages
+# in arrival order (decoded as columns: no Python object per message).
+market_app = _market_app(
+    "market_spread",
+    merge(source("market_data").key_by("symbol"), source("orders").key_by("symbol")).to(market_spread),
+)
 
 # -- Wallaroo's model: one process, one loop ---------------------------------------------------------
 def run_loop(messages: Iterable[tuple[str, bytes]], now: dt.datetime | None = None

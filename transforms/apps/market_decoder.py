@@ -6,6 +6,7 @@ import datetime as dt
 import struct
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 
 from transforms.api import decoder
@@ -151,3 +152,80 @@ def parse_order_result(payload: bytes) -> OrderResult:
         raise ValueError(f"not an OrderResult: {len(payload)} bytes (expected {_ORDER_RESULT.size})")
     side, account, oid, sym, qty, price, bid, offer, ts = _ORDER_RESULT.unpack(payload)
     return OrderResult(side, account, oid.decode("ascii"), sym.decode("ascii").strip(), qty, price, bid, offer, ts)
+
+
+# -- column forms: fixed-size records, decoded with numpy over the whole column -----------------------
+_MARKET_DTYPE = np.dtype([("type", "u1"), ("symbol", "S4"), ("time", "S21"), ("bid", ">f8"), ("offer", ">f8")])
+_ORDER_DTYPE = np.dtype([("type", "u1"), ("side", "u1"), ("account", ">u4"), ("order_id", "S6"), ("symbol", "S4"),
+                         ("qty", ">f8"), ("price", ">f8"), ("time", "S21")])
+
+
+def _fixed_records(payloads: pa.Array, dtype: np.dtype, type_code: int) -> np.ndarray | None:
+    """The payloads as a numpy record array, or None if any is not a well-formed record of this type."""
+    n = len(payloads)
+    if payloads.null_count or not pa.types.is_binary(payloads.type):
+        return None
+    offsets = np.frombuffer(payloads.buffers()[1], dtype=np.int32)[payloads.offset : payloads.offset + n + 1]
+    if n == 0 or not np.all(np.diff(offsets) == dtype.itemsize):
+        return None
+    rec = np.frombuffer(payloads.buffers()[2], dtype=dtype, count=n, offset=int(offsets[0]))
+    return rec if np.all(rec["type"] == type_code) else None
+
+
+def _fix_times(raw: np.ndarray) -> pa.Array | None:
+    import pyarrow.compute as pc
+
+    text = pa.array(np.char.decode(raw, "ascii"))
+    base = pc.strptime(pc.utf8_slice_codeunits(text, 0, 17), format="%Y%m%d-%H:%M:%S", unit="us", error_is_null=True)
+    millis = pc.utf8_slice_codeunits(text, 18, 21)
+    ok = pc.and_(pc.equal(pc.utf8_slice_codeunits(text, 17, 18), "."), pc.match_substring_regex(millis, r"^\d{3}$"))
+    if base.null_count or not pc.all(ok).as_py():
+        return None
+    micros = pc.add(pc.cast(base, pa.int64()), pc.multiply(pc.cast(millis, pa.int64()), 1000))
+    return micros.cast(pa.timestamp("us", tz="UTC"))
+
+
+def _symbols(raw: np.ndarray) -> pa.Array | None:
+    syms = np.char.strip(np.char.decode(raw, "ascii"))
+    return None if np.any(syms == "") else pa.array(syms.astype(object), pa.string())
+
+
+def _rows_fallback(payloads: pa.Array, parse, schema: pa.Schema) -> pa.Table:
+    rows = []
+    for p in payloads.to_pylist():
+        try:
+            rows.append({**parse(p).__dict__, "_error": None})
+        except (ValueError, UnicodeDecodeError) as e:
+            rows.append({"_error": f"{type(e).__name__}: {e}"})
+    return pa.Table.from_pylist(rows, schema=schema.append(pa.field("_error", pa.string())))
+
+
+@decode_market_data.column_form
+def decode_market_data_columns(payloads: pa.Array) -> pa.Table:
+    try:
+        rec = _fixed_records(payloads, _MARKET_DTYPE, MARKET_DATA_TYPE)
+        times = _fix_times(rec["time"]) if rec is not None else None
+        symbols = _symbols(rec["symbol"]) if times is not None else None
+    except UnicodeDecodeError:
+        symbols = None
+    if symbols is None:  # something irregular in this batch: the exact row-by-row way, with reasons
+        return _rows_fallback(payloads, parse_market_data, MARKET_DATA_SCHEMA)
+    return pa.table({"symbol": symbols, "transact_time": times, "bid": rec["bid"].astype(np.float64),
+                     "offer": rec["offer"].astype(np.float64), "_error": pa.nulls(len(rec), pa.string())})
+
+
+@decode_order.column_form
+def decode_order_columns(payloads: pa.Array) -> pa.Table:
+    try:
+        rec = _fixed_records(payloads, _ORDER_DTYPE, ORDER_TYPE)
+        ok = rec is not None and bool(np.all((rec["side"] == 1) | (rec["side"] == 2)))
+        times = _fix_times(rec["time"]) if ok else None
+        symbols = _symbols(rec["symbol"]) if times is not None else None
+        order_ids = pa.array(np.char.decode(rec["order_id"], "ascii").astype(object)) if symbols is not None else None
+    except UnicodeDecodeError:
+        symbols = None
+    if symbols is None:
+        return _rows_fallback(payloads, parse_order, ORDER_SCHEMA)
+    return pa.table({"side": rec["side"].astype(np.int8), "account": rec["account"].astype(np.int64), "order_id": order_ids,
+                     "symbol": symbols, "qty": rec["qty"].astype(np.float64), "price": rec["price"].astype(np.float64),
+                     "transact_time": times, "_error": pa.nulls(len(rec), pa.string())})
