@@ -66,3 +66,10 @@ def test_column_form_equals_one_line_form_on_mutated_lines(cases):
     # Mutate real lines: overwrite a few bytes at a position, so some stay valid and most break.
     payloads = [line[:pos] + junk + line[pos + len(junk):] for line, pos, junk in cases]
     _assert_same(payloads)
+
+
+def test_whitespace_inside_the_timestamp_is_rejected_by_both_forms():
+    # Found by the property test: int("4\t") is 4 in Python, so the one-line form once accepted it.
+    line = SAMPLE[0].replace(b":49 -0800", b":4\t -0800")
+    assert _one_line(line) is None
+    _assert_same([line, SAMPLE[0].replace(b"07/Mar", b" 7/Mar")])

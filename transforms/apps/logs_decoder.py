@@ -15,9 +15,15 @@ import pyarrow as pa
 from transforms.api import decoder
 from transforms.settings import get_settings
 
+# One set of patterns for both forms, in explicit ASCII classes: Python's \S and \d are Unicode-aware,
+# RE2's (pyarrow compute) are not, and Python's int() accepts " 5" or "5\t".
+_TOKEN = r"[^\t\n\f\r ]+"
 _CLF = re.compile(
-    r'^(?P<host>\S+) (?P<ident>\S+) (?P<user>\S+) \[(?P<ts>[^\]]+)\] "(?P<request>[^"]*)" (?P<status>\d{3}) (?P<bytes>\d+|-)$'
+    rf'^(?P<host>{_TOKEN}) (?P<ident>{_TOKEN}) (?P<user>{_TOKEN}) \[(?P<ts>[^\]]+)\] "(?P<request>[^"]*)" '
+    r"(?P<status>[0-9]{3}) (?P<bytes>[0-9]+|-)$"
 )
+_CLF_TIME = re.compile(r"^[0-9]{2}/[A-Z][a-z]{2}/[0-9]{4}:[0-9]{2}:[0-9]{2}:[0-9]{2} [+-][0-9]{4}$")
+_REQUEST = rf"^(?P<method>{_TOKEN}) (?P<path>{_TOKEN})(?: (?P<protocol>{_TOKEN}))?$"
 _MONTHS = {m: i for i, m in enumerate(("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"), 1)}
 
 
@@ -59,6 +65,8 @@ LOG_SCHEMA = pa.schema(
 
 def parse_clf_time(text: str) -> tuple[dt.datetime, dt.date]:
     """`07/Mar/2004:16:05:49 -0800` -> (UTC instant, the local calendar day as written)."""
+    if not _CLF_TIME.match(text):
+        raise ValueError(f"bad timestamp [{text}]")
     try:
         day_s, mon_s, rest = text.split("/", 2)
         year_s, hh, mm, ss_zone = rest.split(":", 3)
@@ -83,13 +91,10 @@ def parse_log_line(line: str, marker: str = "END_OF_DAY") -> LogRecord:
     request = m["request"]
     method = path = protocol = None
     if request != "-":
-        parts = request.split(" ")
-        if len(parts) == 3:
-            method, path, protocol = parts
-        elif len(parts) == 2:  # HTTP/0.9 style: "GET /"
-            method, path = parts
-        else:
+        r = re.match(_REQUEST, request)  # "GET / HTTP/1.0", or HTTP/0.9's "GET /"
+        if not r:
             raise ValueError(f"bad request field {request!r} in {line[:200]!r}")
+        method, path, protocol = r["method"], r["path"], r["protocol"]
     return LogRecord(
         "line",
         host=m["host"],
@@ -111,7 +116,6 @@ def decode_log_line(payload: bytes) -> LogRecord:
 
 
 # -- the same decoder over a whole column, with pyarrow compute (C++), for speed -------------------------
-_REQUEST = r"^(?P<method>\S+) (?P<path>\S+)(?: (?P<protocol>\S+))?$"
 
 
 def _null_if(arr: pa.Array, value: str) -> pa.Array:
@@ -139,7 +143,7 @@ def decode_log_column(payloads: pa.Array, marker: str) -> pa.Table:
     ts = m.field("ts")
     local = pc.strptime(pc.utf8_slice_codeunits(ts, 0, 20), format="%d/%b/%Y:%H:%M:%S", unit="us", error_is_null=True)
     zone = pc.utf8_slice_codeunits(ts, 21, 26)
-    zone_ok = pc.and_(pc.equal(pc.utf8_length(ts), 26), pc.match_substring_regex(zone, r"^[+-]\d{4}$"))
+    zone_ok = pc.match_substring_regex(ts, _CLF_TIME.pattern)
     sign = pc.if_else(pc.equal(pc.utf8_slice_codeunits(zone, 0, 1), "-"), -1, 1)
     zone_digits = pc.if_else(zone_ok, zone, "+0000")
     minutes = pc.add(
