@@ -492,11 +492,14 @@ class KeyedStateProcessor(StatefulProcessor):
 
     def handleInputRows(self, key, rows, timerValues) -> Iterator[pd.DataFrame]:
         (key,) = key
-        df = pd.concat(list(rows), ignore_index=True)
+        frames = list(rows)
+        df = frames[0].reset_index(drop=True) if len(frames) == 1 else pd.concat(frames, ignore_index=True)
         if key == QUARANTINE_KEY:
             yield df[ENVELOPE.names]
             return
-        df = df.sort_values(["seq", "part"], kind="stable").reset_index(drop=True)
+        seq = df["seq"].to_numpy()
+        if not (len(seq) < 2 or (seq[1:] > seq[:-1]).all()):  # usually already in order: skip the sort
+            df = df.sort_values(["seq", "part"], kind="stable").reset_index(drop=True)
         states = self._load()
         token = _context.set(self._context(key, timerValues, self.plan.time_mode != "None"))
         columns = [DECODED_PREFIX + n for n in self.plan.decoded_schema.names] if self.plan.mode == "columnar" else None
