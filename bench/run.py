@@ -43,7 +43,10 @@ def _benchmarks(quick: bool) -> dict:
     def logs(r):
         from bench.logs import bench_logs
 
-        bench_logs(r, sizes=(100_000,) if quick else (1_000_000, 4_000_000))
+        if quick:
+            bench_logs(r, sizes=(100_000,), histories=(2, 8), lines_per_day=2_000)
+        else:
+            bench_logs(r, sizes=(1_000_000, 4_000_000))
 
     return {"gateway": gateway, "bronze": bronze, "words": words, "market": market, "logs": logs}
 

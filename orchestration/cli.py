@@ -82,6 +82,12 @@ def cmd_demo(args, settings) -> int:
 
 
 def cmd_generate(args, settings) -> int:
+    if args.kind == "logs":
+        from transforms.apps.log_generate import generate_logs
+
+        info = generate_logs(Path(args.out), lines=args.count, days=args.days, seed=args.seed, crlf=args.crlf)
+        print(f"wrote {info['lines']} log lines over {len(info['days'])} days to {args.out}")
+        return 0
     from transforms.apps.market_generate import generate
 
     n = generate(args.kind, Path(args.out), symbols_file=args.symbols, count=args.count, seed=args.seed,
@@ -130,13 +136,15 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("demo", help="run everything on the bundled sample data and print the results")
     s.set_defaults(fn=cmd_demo)
 
-    s = sub.add_parser("generate", help="write framed .msg files of orders or market data")
-    s.add_argument("kind", choices=("orders", "market"))
+    s = sub.add_parser("generate", help="write framed .msg files of orders or market data, or Apache logs")
+    s.add_argument("kind", choices=("orders", "market", "logs"))
     s.add_argument("--out", required=True)
     s.add_argument("--symbols", help="file with one symbol per line (default: the bundled 350 symbols)")
     s.add_argument("--count", type=int, default=1000)
     s.add_argument("--seed", type=int, default=1)
     s.add_argument("--unknown-share", type=float, default=0.0, help="share of messages for never-seen symbols")
+    s.add_argument("--days", type=int, default=7, help="logs: days of logs (a .log file gets END_OF_DAY lines)")
+    s.add_argument("--crlf", action="store_true", help="logs: CRLF line endings")
     s.set_defaults(fn=cmd_generate)
 
     s = sub.add_parser("backfill", help="recompute daily summaries for a range of days from bronze (Dagster backfill)")

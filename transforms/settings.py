@@ -30,6 +30,7 @@ class Settings:
     spark_remote: str = ""
     spark_shuffle_partitions: int = 2
     spark_ui: bool = False
+    spark_driver_memory: str = "4g"  # each micro-batch's outputs are collected on the driver
     # Gateway
     bind_host: str = "127.0.0.1"
     ports: dict[str, int] = field(default_factory=lambda: dict(DEFAULT_PORTS))
@@ -42,7 +43,9 @@ class Settings:
     # Pipelines
     marker: str = "END_OF_DAY"
     fail_fast: bool = False
-    max_files_per_trigger: int = 0  # 0 = no limit: one micro-batch per availableNow run
+    # Closed segments per micro-batch (each at most segment_max_bytes): bounds the driver's memory on a
+    # large backlog (4M log lines in one batch exhausted a 1 GB driver). 0 = everything in one batch.
+    max_files_per_trigger: int = 8
     # Daily summaries
     partitions_start: str = "2004-03-01"
     day_grace_hours: float = 6.0

@@ -42,6 +42,8 @@ def get_spark(settings: Settings):
                 .config("spark.ui.enabled", str(settings.spark_ui).lower())
                 .config("spark.driver.bindAddress", "127.0.0.1")
                 .config("spark.driver.host", "127.0.0.1")
+                .config("spark.driver.memory", settings.spark_driver_memory)
+                .config("spark.driver.maxResultSize", "0")  # bounded by max_files_per_trigger instead
                 .config("spark.sql.warehouse.dir", str((settings.home / "spark-warehouse").absolute()))
                 .config("spark.driver.extraJavaOptions", f"-Dderby.system.home={(settings.home / 'derby').absolute()}")
             )
