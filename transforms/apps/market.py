@@ -27,6 +27,7 @@ import pyarrow as pa
 
 from transforms.api import Application, DeltaSink, Emit, TCPSink, encoder, merge, source, state_computation
 from transforms.apps.market_decoder import (
+    ORDER_SCHEMA,
     MarketData,
     Order,
     OrderResult,
@@ -67,14 +68,7 @@ def should_reject(bid: float, offer: float) -> bool:
 
 def spread_reject_array(bid, offer) -> np.ndarray:
     """The rule over whole columns (numpy float64: the same IEEE operations in the same order)."""
-    bid = np.asarray(bid, dtype=np.float64)
-    offer = np.asarray(offer, dtype=np.float64)
-    with np.errstate(all="ignore"):
-        finite = np.isfinite(bid) & np.isfinite(offer)
-        spread = offer - bid
-        mid = (bid + offer) / 2
-        of_mid = spread / np.where(mid == 0, 1.0, mid)
-        return ~finite | (spread >= SPREAD_LIMIT) | (mid == 0) | (of_mid >= SPREAD_LIMIT)
+    return spread_decisions(bid, offer)[0]
 
 
 # -- state and outputs ------------------------------------------------------------------------------
@@ -234,20 +228,14 @@ MARKET_STATE_SCHEMA = pa.schema(
     ]
 )
 ORDER_REJECTIONS_SCHEMA = pa.schema(
-    [
-        ("side", pa.int8()),
-        ("account", pa.int64()),
-        ("order_id", pa.string()),
-        ("symbol", pa.string()),
-        ("qty", pa.float64()),
-        ("price", pa.float64()),
-        ("transact_time", _TS),
-        ("last_bid", pa.float64()),
-        ("last_offer", pa.float64()),
-        ("reason", pa.string()),
-        ("decision_time", _TS),
-        ("seq", pa.int64()),  # gateway sequence of the order
-        ("receive_time", _TS),
+    list(ORDER_SCHEMA)  # every order field, then the decision
+    + [
+        pa.field("last_bid", pa.float64()),
+        pa.field("last_offer", pa.float64()),
+        pa.field("reason", pa.string()),
+        pa.field("decision_time", _TS),
+        pa.field("seq", pa.int64()),  # gateway sequence of the order
+        pa.field("receive_time", _TS),
     ]
 )
 
