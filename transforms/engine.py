@@ -565,32 +565,37 @@ class _Rows:
         self.src.append(src)
 
     def frame(self, key: str, src: pd.DataFrame | None) -> pd.DataFrame:
+        import numpy as np
+
         n = len(self.kind)
-        obj = object  # empty lists must stay object columns, not float64
-        df = pd.DataFrame(
-            {
-                "kind": pd.Series(self.kind, dtype=obj),
-                "seq": pd.array(self.seq, dtype="int64"),
-                "part": pd.array(self.part, dtype="int32"),
-                "branch": pd.array(self.branch, dtype="int32"),
-                "key": pd.Series([key] * n, dtype=obj),
-                "msg": pd.Series(self.msg, dtype=obj),
-            }
-        )
+        if n == 0:
+            return _EMPTY_ENVELOPE.copy()
+        data = {
+            "kind": self.kind,
+            "seq": np.asarray(self.seq, dtype=np.int64),
+            "part": np.asarray(self.part, dtype=np.int32),
+            "branch": np.asarray(self.branch, dtype=np.int32),
+            "key": [key] * n,
+            "msg": self.msg,
+        }
         if src is not None and n:
-            idx = self.src
+            idx = np.asarray(self.src, dtype=np.int64)
             for c in ("stream", "receive_time", "connection"):
-                df[c] = src[c].to_numpy()[idx]
-            payloads = src["payload"].tolist()
-            df["payload"] = [payloads[i] if k == "quarantine" else None for i, k in zip(idx, self.kind)]
+                data[c] = src[c].array.take(idx)  # typed take: no per-row Timestamp objects
+            payloads = src["payload"].array
+            data["payload"] = [payloads[i] if k == "quarantine" else None for i, k in zip(self.src, self.kind)]
         else:
-            df["stream"] = pd.Series([None] * n, dtype=obj)
-            df["receive_time"] = pd.Series([pd.NaT] * n, dtype="datetime64[us, UTC]")
-            df["connection"] = pd.Series([None] * n, dtype=obj)
-            df["payload"] = pd.Series([None] * n, dtype=obj)
-        df["step"] = pd.Series(self.step, dtype=obj)
-        df["reason"] = pd.Series(self.reason, dtype=obj)
-        return df[[f.name for f in ENVELOPE]]
+            data["stream"] = [None] * n
+            data["receive_time"] = pd.array([pd.NaT] * n, dtype="datetime64[us, UTC]")
+            data["connection"] = [None] * n
+            data["payload"] = [None] * n
+        data["step"] = self.step
+        data["reason"] = self.reason
+        return pd.DataFrame(data, columns=ENVELOPE.names)
+
+
+# Spark rejects float64 columns where it expects strings: an empty frame must keep the right types.
+_EMPTY_ENVELOPE = ENVELOPE.empty_table().to_pandas()
 
 
 def _envelope_frame(rows: list[tuple], key: str) -> pd.DataFrame:
@@ -626,9 +631,10 @@ def _run_key(df: pd.DataFrame, states: dict, branches: tuple, fail_fast: bool, c
             while j < n and plans[branch_col[j]][0] is sc:  # a shared (merged) computation takes every branch
                 j += 1
             if columns is not None:  # columnar plan: the messages are the decoded columns themselves
-                frame = df.iloc[i:j][columns].reset_index(drop=True)
-                frame.columns = [c[len(DECODED_PREFIX):] for c in columns]
-                frame["_stream"] = df["stream"].iloc[i:j].to_numpy()
+                whole = i == 0 and j == n
+                frame = df[columns] if whole else df.iloc[i:j][columns].reset_index(drop=True)
+                frame = frame.set_axis([c[len(DECODED_PREFIX):] for c in columns], axis=1)
+                frame["_stream"] = df["stream"].to_numpy()[i:j]
             else:
                 frame = pd.DataFrame.from_records([to_record(pickle.loads(m)) for m in msgs[i:j]])
             _run_batch(out, seqs, parts, branch_col, frame, i, j, sc, rest, states, fail_fast)
