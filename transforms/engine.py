@@ -28,6 +28,7 @@ from typing import Any
 
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 from pyspark.sql.types import BinaryType, StructField, StructType
 
@@ -345,7 +346,8 @@ def make_columnar_stage(plan: QueryPlan, fail_fast: bool):
 
     def decode_all(batch: pa.RecordBatch):
         """Each branch decodes its own rows; the results are put back in input order."""
-        streams = np.asarray(batch.column("stream").to_pylist(), dtype=object)
+        several = len(branches) > 1
+        streams = np.asarray(batch.column("stream").to_pylist(), dtype=object) if several else None
         payloads = batch.column("payload")
         n = batch.num_rows
         tables, positions = [], []
@@ -353,10 +355,10 @@ def make_columnar_stage(plan: QueryPlan, fail_fast: bool):
         branch_no = np.zeros(n, dtype=np.int32)
         steps: list = [None] * n
         for bno, b in enumerate(branches):
-            idx = np.nonzero(streams == b.stream)[0] if len(branches) > 1 else np.arange(n)
+            idx = np.nonzero(streams == b.stream)[0] if several else np.arange(n)
             if not len(idx):
                 continue
-            t, errs = decode_columns(b.decoder, payloads.take(pa.array(idx)) if len(branches) > 1 else payloads, fail_fast)
+            t, errs = decode_columns(b.decoder, payloads.take(pa.array(idx)) if several else payloads, fail_fast)
             t = pa.table({f.name: t.column(f.name) if f.name in t.column_names else pa.nulls(t.num_rows, f.type)
                           for f in union}, schema=union)
             tables.append(t)
@@ -376,9 +378,15 @@ def make_columnar_stage(plan: QueryPlan, fail_fast: bool):
                 continue
             payloads = batch.column("payload")
             decoded, errors, steps, branch_no = decode_all(batch)
-            landing_errors = batch.column("landing_error").to_pylist()
-            reasons = [le if le is not None else e for le, e in zip(landing_errors, errors)]
-            bad = pa.array([r is not None for r in reasons], pa.bool_())
+            landing_error = batch.column("landing_error")
+            if landing_error.null_count == n and all(e is None for e in errors):  # the usual batch: all good
+                landing_errors = reasons = steps = [None] * n
+                bad = pa.array(np.zeros(n, dtype=bool))
+            else:
+                landing_errors = landing_error.to_pylist()
+                reasons = [le if le is not None else e for le, e in zip(landing_errors, errors)]
+                steps = ["gateway" if le is not None else st for le, st in zip(landing_errors, steps)]
+                bad = pa.array([r is not None for r in reasons], pa.bool_())
             cols = {
                 "kind": pc.if_else(bad, "quarantine", ok_kind),
                 "seq": batch.column("seq"),
@@ -388,7 +396,7 @@ def make_columnar_stage(plan: QueryPlan, fail_fast: bool):
                 "stream": batch.column("stream"),
                 "receive_time": batch.column("receive_time"),
                 "connection": batch.column("connection"),
-                "step": pa.array(["gateway" if le is not None else st for le, st in zip(landing_errors, steps)], pa.string()),
+                "step": pa.array(steps, pa.string()),
                 "reason": pa.array(reasons, pa.string()),
                 "payload": pc.if_else(bad, payloads, pa.scalar(None, pa.binary())),
             }
@@ -765,12 +773,10 @@ def make_batch_writer(plan: QueryPlan, settings: Settings, report: RunReport, tc
     def write_batch(batch_df, batch_id: int) -> None:
         table = batch_df.toArrow() if hasattr(batch_df, "toArrow") else pa.Table.from_pandas(batch_df.toPandas())
         table = table.sort_by([("seq", "ascending"), ("part", "ascending")]) if table.num_rows else table
-        kinds = table.column("kind").to_pylist()
-        q_idx = [i for i, k in enumerate(kinds) if k == "quarantine"]
-        o_idx = [i for i, k in enumerate(kinds) if k == "out"]
+        kind = table.column("kind")
         wrote_any = False
         # Quarantine first: a bad message is never lost, even if a sink below fails.
-        q = table.take(pa.array(q_idx, pa.int64()))
+        q = table.filter(pc.fill_null(pc.equal(kind, "quarantine"), False))
         qtable = pa.table(
             {
                 "query": pa.array([plan.name] * q.num_rows, pa.string()),
@@ -789,7 +795,7 @@ def make_batch_writer(plan: QueryPlan, settings: Settings, report: RunReport, tc
             wrote_any |= lake.append_once(quarantine_path, qtable, plan.app_id("quarantine"), batch_id)
         report.quarantined += q.num_rows
 
-        o = table.take(pa.array(o_idx, pa.int64()))
+        o = table.filter(pc.fill_null(pc.equal(kind, "out"), False))
         if plan.mode == "direct":
             wrote_any |= _write_direct(plan, settings, report, o, batch_id)
             o = o.slice(0, 0)
