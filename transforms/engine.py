@@ -273,6 +273,9 @@ def _call(step_name: str, fail_fast: bool, fn: Callable, *args):
 
 def _apply_steps(steps: list, msgs: list, fail_fast: bool) -> list:
     for step in steps:
+        if getattr(step, "batch", False):
+            msgs = _apply_batch_computation(step, msgs, fail_fast) if msgs else []
+            continue
         nxt = []
         for m in msgs:
             nxt.extend(_call(step.name, fail_fast, step.apply, m))
@@ -444,38 +447,77 @@ def make_pre_stage(plan: QueryPlan, fail_fast: bool) -> Callable[[Iterator[pa.Re
             cols = batch.to_pydict()
             out: dict[str, list] = {f.name: [] for f in ENVELOPE}
 
-            def emit(kind, seq, part, branch, key, msg, i, step=None, reason=None, payload=None, out=out, cols=cols):
-                _emit(out, cols, i, kind, seq, part, branch, key, msg, step, reason, payload)
+            def quarantine(i, step, reason, out=out, cols=cols):
+                _emit(out, cols, i, "quarantine", cols["seq"][i], 0, by_stream[cols["stream"][i]][0], QUARANTINE_KEY,
+                      None, step, reason, cols["payload"][i])
 
+            # Decode every row, then run the steps over the whole micro-batch: (input row, message) pairs,
+            # so a batch computation sees all of them at once and one-message steps see one at a time.
+            items: dict[int, list] = {}  # branch -> [(row, message)]
             for i in range(batch.num_rows):
-                seq = cols["seq"][i]
-                payload = cols["payload"][i]
                 branch_no, branch = by_stream[cols["stream"][i]]
                 if cols["landing_error"][i] is not None:
                     if quarantine_landing:
-                        emit("quarantine", seq, 0, branch_no, QUARANTINE_KEY, None, i, "gateway", cols["landing_error"][i], payload)
+                        quarantine(i, "gateway", cols["landing_error"][i])
                     continue
+                dec = branch.decoder
                 try:
-                    dec = branch.decoder
-                    msg = _call(f"decoder {dec.name}", fail_fast, dec.fn, payload)
-                    msgs = [] if msg is None else [msg]
-                    msgs = _apply_steps(branch.pre_steps, msgs, fail_fast)
-                    keys = []
-                    if keyed:
-                        for m in msgs:
-                            k = _key_of(branch.key_fn, m, cols, i, fail_fast)
-                            if k is None:
-                                raise _Quarantine("key_by", f"key function returned None for {m!r}")
-                            keys.append(str(k))
+                    msg = _call(f"decoder {dec.name}", fail_fast, dec.fn, cols["payload"][i])
                 except _Quarantine as q:
-                    emit("quarantine", seq, 0, branch_no, QUARANTINE_KEY, None, i, q.step, q.reason, payload)
+                    quarantine(i, q.step, q.reason)
                     continue
-                for part, m in enumerate(msgs):
-                    emit("msg" if keyed else "out", seq, part, branch_no, keys[part] if keyed else None,
-                         dumps(m), i)
+                if msg is not None:
+                    items.setdefault(branch_no, []).append((i, msg))
+            for branch_no, pairs in items.items():
+                branch = plan.branches[branch_no]
+                for step in branch.pre_steps:
+                    pairs = _apply_step_to_rows(step, pairs, fail_fast, quarantine)
+                parts: dict[int, int] = {}
+                for i, m in pairs:
+                    try:
+                        key = None
+                        if keyed:
+                            key = _key_of(branch.key_fn, m, cols, i, fail_fast)
+                            if key is None:
+                                raise _Quarantine("key_by", f"key function returned None for {m!r}")
+                            key = str(key)
+                    except _Quarantine as q:
+                        quarantine(i, q.step, q.reason)
+                        continue
+                    part = parts[i] = parts.get(i, -1) + 1
+                    _emit(out, cols, i, "msg" if keyed else "out", cols["seq"][i], part, branch_no, key, dumps(m),
+                          None, None, None)
             yield pa.RecordBatch.from_pydict(out, schema=ENVELOPE)
 
     return pre_stage
+
+
+def _apply_step_to_rows(step: Computation, pairs: list, fail_fast: bool, quarantine: Callable) -> list:
+    """One stateless step over (input row, message) pairs; a failure quarantines the input row it came from."""
+    if not step.batch:
+        out = []
+        for i, m in pairs:
+            try:
+                out.extend((i, o) for o in _call(step.name, fail_fast, step.apply, m))
+            except _Quarantine as q:
+                quarantine(i, q.step, q.reason)
+        return out
+    if not pairs:
+        return []
+    frame = pd.DataFrame.from_records([to_record(m) for _, m in pairs])
+    frame["_row"] = [i for i, _ in pairs]
+    try:
+        records = _frame_to_records(step.name, _call(step.name, fail_fast, step.fn, frame))
+        if any("_row" not in r for r in records):
+            raise UserFunctionError(f"batch computation {step.name!r} must keep the `_row` column (which input each row answers)")
+    except (_Quarantine, UserFunctionError) as e:
+        if fail_fast and isinstance(e, UserFunctionError):
+            raise
+        reason = e.reason if isinstance(e, _Quarantine) else str(e)
+        for i in sorted({i for i, _ in pairs}):
+            quarantine(i, step.name, reason)
+        return []
+    return [(int(r.pop("_row")), r) for r in records]
 
 
 # -- stateful stage ---------------------------------------------------------------------------------

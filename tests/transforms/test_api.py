@@ -196,8 +196,59 @@ def test_pre_stage_quarantines_undecodable_payloads_and_landing_errors():
         schema=LANDING_SCHEMA,
     )
     (out,) = list(make_pre_stage(plan, fail_fast=False)(iter([batch])))
-    rows = out.to_pylist()
+    rows = sorted(out.to_pylist(), key=lambda r: r["seq"])
     assert [r["kind"] for r in rows] == ["out", "quarantine", "quarantine"]
     assert pickle.loads(rows[0]["msg"]) == "AB"
     assert rows[1]["step"] == "decoder decode_text" and "UnicodeDecodeError" in rows[1]["reason"]
     assert rows[2]["step"] == "gateway" and rows[2]["reason"] == "partial frame" and rows[2]["payload"] == b"x"
+
+
+@computation("double, vectorized", batch=True)
+def double_frame(frame):
+    frame["value"] = frame["value"] * 2
+    return frame[frame["value"] % 4 == 0]  # and drop some rows: the rest keep their `_row`
+
+
+@computation("loses _row", batch=True)
+def loses_row(frame):
+    return frame[["value"]]
+
+
+def _value_plan(*steps):
+    from transforms.api import Application, DeltaSink, decoder
+
+    as_value = decoder(lambda p: {"value": int(p)}, schema=None, name="as_value")
+    pipeline = source("text", decoder=as_value)
+    for step in steps:
+        pipeline = pipeline.to(step)
+    (plan,) = plan_queries(Application("v", pipeline.to_sink(DeltaSink("v"))), Settings())
+    return plan
+
+
+def _landing_batch(payloads):
+    import pyarrow as pa
+
+    from transforms.landing import LANDING_SCHEMA
+
+    return pa.RecordBatch.from_pylist(
+        [{"stream": "text", "seq": i + 1, "receive_time": None, "connection": "c", "payload": p, "landing_error": None}
+         for i, p in enumerate(payloads)], schema=LANDING_SCHEMA)
+
+
+def test_batch_computation_sees_the_whole_batch_and_equals_the_one_message_form():
+    one_message = computation("double")(lambda m: {"value": m["value"] * 2} if m["value"] * 2 % 4 == 0 else None)
+    payloads = [b"1", b"2", b"3", b"4", b"x"]
+    results = []
+    for step in (double_frame, one_message):
+        (out,) = list(make_pre_stage(_value_plan(step), fail_fast=False)(iter([_landing_batch(payloads)])))
+        rows = sorted(out.to_pylist(), key=lambda r: r["seq"])
+        results.append([(r["seq"], r["kind"], pickle.loads(r["msg"]) if r["msg"] else r["step"]) for r in rows])
+    assert results[0] == results[1]
+    assert results[0] == [(2, "out", {"value": 4}), (4, "out", {"value": 8}), (5, "quarantine", "decoder as_value")]
+
+
+def test_a_batch_computation_that_drops_the_row_column_is_quarantined_with_a_clear_reason():
+    (out,) = list(make_pre_stage(_value_plan(loses_row), fail_fast=False)(iter([_landing_batch([b"1", b"2"])])))
+    rows = out.to_pylist()
+    assert [r["kind"] for r in rows] == ["quarantine", "quarantine"]
+    assert "must keep the `_row` column" in rows[0]["reason"]
