@@ -789,18 +789,6 @@ class RunReport:
     def rows_per_second(self) -> float:
         return self.input_rows / self.seconds if self.seconds else 0.0
 
-    def as_metadata(self) -> dict:
-        return {
-            "query": self.query,
-            "batches": self.batches,
-            "input_rows": self.input_rows,
-            "rows_written": dict(self.rows_written),
-            "quarantined": self.quarantined,
-            "skipped_batches": self.skipped_batches,
-            "seconds": round(self.seconds, 3),
-            "rows_per_second": round(self.rows_per_second, 1),
-            "max_lag_seconds": None if self.max_lag_seconds is None else round(self.max_lag_seconds, 3),
-        }
 
 
 def make_batch_writer(plan: QueryPlan, settings: Settings, report: RunReport, tcp_addresses: dict[str, str]):

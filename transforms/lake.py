@@ -162,19 +162,11 @@ def read(path: str | Path, where: str | None = None, columns: Sequence[str] | No
     return _normalize(pa.table(qb.execute(sql).read_all()))
 
 
-def read_or_empty(path: str | Path, where: str | None = None) -> pa.Table | None:
-    return read(path, where) if exists(path) else None
-
-
 def count(path: str | Path, where: str | None = None) -> int:
     if not exists(path):
         return 0
     sql = "select count(*) as n from t" + (f" where {where}" if where else "")
     return int(query(sql, t=path).column("n")[0].as_py())
-
-
-def history(path: str | Path, limit: int | None = None) -> list[dict]:
-    return DeltaTable(str(path)).history(limit)
 
 
 def to_spark(spark, path: str | Path, where: str | None = None, version: int | None = None):

@@ -74,7 +74,7 @@ def test_a_raising_user_function_lands_in_quarantine_and_the_rest_goes_on(spark,
     by_step = {r["step"]: r for r in q}
     assert set(by_step) == {"explode on x", "decoder decode_text"}
     assert "ValueError: cannot handle 'x2'" in by_step["explode on x"]["reason"]
-    assert by_step["explode on x"]["payload"] is None or by_step["explode on x"]["seq"] == 2
+    assert (by_step["explode on x"]["payload"], by_step["explode on x"]["seq"]) == (b"x2\n", 2)
     assert by_step["decoder decode_text"]["payload"] == b"\xff\xfe\n"
     assert report.quarantined == 2
 
