@@ -807,6 +807,8 @@ def make_batch_writer(plan: QueryPlan, settings: Settings, report: RunReport, tc
         wrote_any = False
         # Quarantine first: a bad message is never lost, even if a sink below fails.
         q = table.filter(pc.fill_null(pc.equal(kind, "quarantine"), False))
+        if q.num_rows and q.column("payload").null_count:
+            q = _with_landed_payloads(q, settings, plan.group)
         qtable = pa.table(
             {
                 "query": pa.array([plan.name] * q.num_rows, pa.string()),
@@ -869,6 +871,18 @@ def make_batch_writer(plan: QueryPlan, settings: Settings, report: RunReport, tc
 
     write_batch.close = close
     return write_batch
+
+
+def _with_landed_payloads(q: pa.Table, settings: Settings, group: str) -> pa.Table:
+    """Messages quarantined after the pre stage travel without their payload (it is not shuffled):
+    take it from the landing log, so every quarantine row holds the exact bytes that failed."""
+    from transforms.landing import payloads_for
+
+    payloads = q.column("payload").to_pylist()
+    seqs = q.column("seq").to_pylist()
+    landed = payloads_for(settings, group, [s for s, p in zip(seqs, payloads) if p is None])
+    filled = [p if p is not None else landed.get(s) for s, p in zip(seqs, payloads)]
+    return q.set_column(q.schema.get_field_index("payload"), "payload", pa.array(filled, pa.binary()))
 
 
 def _write_direct(plan: QueryPlan, settings: Settings, report: RunReport, o: pa.Table, batch_id: int) -> bool:

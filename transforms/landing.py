@@ -292,3 +292,20 @@ def read_landed(settings: Settings, group: str) -> pa.Table:
     if not segs:
         return LANDING_SCHEMA.empty_table()
     return pa.concat_tables(pq.read_table(p, schema=LANDING_SCHEMA) for p in segs)
+
+
+def payloads_for(settings: Settings, group: str, seqs: list[int]) -> dict[int, bytes]:
+    """The landed payloads of these sequence numbers (reading only the segments that hold them)."""
+    wanted = set(seqs)
+    found: dict[int, bytes] = {}
+    for seg in list_segments(settings, group):
+        first, last = parse_segment_name(seg.name)
+        hits = [s for s in wanted if first <= s <= last]
+        if not hits:
+            continue
+        table = pq.read_table(seg, columns=["seq", "payload"], filters=[("seq", "in", hits)])
+        found.update(zip(table.column("seq").to_pylist(), table.column("payload").to_pylist()))
+        wanted -= set(hits)
+        if not wanted:
+            break
+    return found
