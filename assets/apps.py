@@ -36,6 +36,8 @@ def table_metadata(settings, table: str, reports: list[RunReport]) -> dict:
         "messages_per_second": dg.MetadataValue.float(round(rows_in / secs, 1) if secs else 0.0),
         "max_lag_seconds": dg.MetadataValue.float(round(max(lags), 3) if lags else 0.0),
         "quarantined": dg.MetadataValue.int(sum(r.quarantined for r in reports)),
+        # Batches replayed after a crash whose commits were already in the lake (written nothing twice).
+        "replayed_batches": dg.MetadataValue.int(sum(r.skipped_batches for r in reports)),
         "path": dg.MetadataValue.path(str(path)),
     }
 

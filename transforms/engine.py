@@ -67,10 +67,6 @@ ENVELOPE = pa.schema(
         ("payload", pa.binary()),
     ]
 )
-ENVELOPE_DDL = (
-    "kind string, seq long, part int, branch int, key string, msg binary, stream string, "
-    "receive_time timestamp, connection string, step string, reason string, payload binary"
-)
 DECODED_PREFIX = "m__"  # decoded message columns beside the envelope (a decoder may have a field `kind` too)
 QUARANTINE_KEY = "\x00quarantine"  # quarantine envelopes pass through the stateful step untouched
 
@@ -113,7 +109,6 @@ class Context:
     key: str
     processing_time_ms: int = 0
     watermark_ms: int = 0
-    timers: list[int] = field(default_factory=list)
     handle: Any = None
 
     def register_timer(self, at_ms: int) -> None:
@@ -504,10 +499,8 @@ def _apply_step_to_rows(step: Computation, pairs: list, fail_fast: bool, quarant
         return out
     if not pairs:
         return []
-    frame = pd.DataFrame.from_records([to_record(m) for _, m in pairs])
-    frame["_row"] = [i for i, _ in pairs]
     try:
-        records = _frame_to_records(step.name, _call(step.name, fail_fast, step.fn, frame))
+        records = _apply_batch_computation(step, [{**to_record(m), "_row": i} for i, m in pairs], fail_fast)
         if any("_row" not in r for r in records):
             raise UserFunctionError(f"batch computation {step.name!r} must keep the `_row` column (which input each row answers)")
     except (_Quarantine, UserFunctionError) as e:
@@ -785,9 +778,6 @@ class RunReport:
     seconds: float = 0.0
     max_lag_seconds: float | None = None
 
-    @property
-    def rows_per_second(self) -> float:
-        return self.input_rows / self.seconds if self.seconds else 0.0
 
 
 
@@ -935,7 +925,7 @@ def build_stream(spark, plan: QueryPlan, settings: Settings):
     if plan.keyed:
         env = env.groupBy("key").transformWithStateInPandas(
             statefulProcessor=KeyedStateProcessor(plan, settings.fail_fast),
-            outputStructType=ENVELOPE_DDL,
+            outputStructType=from_arrow_schema(ENVELOPE),
             outputMode="Append",
             timeMode=plan.time_mode,
         )

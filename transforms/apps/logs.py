@@ -194,26 +194,22 @@ def _as_summary(table: pa.Table) -> pa.Table:
     return table.select(SUMMARY_SCHEMA.names).cast(SUMMARY_SCHEMA) if table.num_rows else SUMMARY_SCHEMA.empty_table()
 
 
-def summary_from_bronze(settings: Settings, day: str | dt.date) -> pa.Table:
-    """The recompute: every decoded line of the day in bronze, counted by status."""
-    path = settings.table_path(BRONZE_TABLE)
+def _day_counts(path, day: str | dt.date, count: str, where: str = "") -> pa.Table:
+    """(day, status, count) of one day from a Delta table; empty if the table does not exist yet."""
     if not lake.exists(path):
         return SUMMARY_SCHEMA.empty_table()
-    day = parse_day(day)
-    return _as_summary(lake.query(
-        f"select day, status, count(*) as count from b where kind = 'line' and {_day_sql(day)} "
-        "group by day, status order by status", b=path))
+    sql = f"select day, status, {count} as count from t where {where}{_day_sql(parse_day(day))} group by day, status order by status"
+    return _as_summary(lake.query(sql, t=path))
+
+
+def summary_from_bronze(settings: Settings, day: str | dt.date) -> pa.Table:
+    """The recompute: every decoded line of the day in bronze, counted by status."""
+    return _day_counts(settings.table_path(BRONZE_TABLE), day, "count(*)", "kind = 'line' and ")
 
 
 def summary_from_windows(settings: Settings, day: str | dt.date) -> pa.Table:
     """The day's counts summed over its closed windows."""
-    path = settings.table_path(WINDOWS_TABLE)
-    if not lake.exists(path):
-        return SUMMARY_SCHEMA.empty_table()
-    day = parse_day(day)
-    return _as_summary(lake.query(
-        f"select day, status, sum(count) as count from w where {_day_sql(day)} group by day, status order by status",
-        w=path))
+    return _day_counts(settings.table_path(WINDOWS_TABLE), day, "sum(count)")
 
 
 def bronze_line_count(settings: Settings, day: str | dt.date) -> int:
