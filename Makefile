@@ -29,7 +29,7 @@ bench: setup
 	$(PY) -m bench.run $(BENCH_ARGS)
 
 ui: setup
-	DAGSTER_HOME=$${EVENTIDE_HOME:-$$PWD/.eventide}/dagster $(VENV)/bin/dagster dev -w workspace.yaml -h 127.0.0.1
+	$(VENV)/bin/eventide ui
 
 clean:
 	rm -rf .eventide

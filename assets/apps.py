@@ -1,16 +1,23 @@
 """Turns an Application into a Dagster multi-asset: one asset per Delta sink table.
 
 Materializing it runs the application's queries over everything landed (availableNow, own
-checkpoint, exactly once) and records what the run did as metadata.
+checkpoint, exactly once) and records what the run did as metadata. The checks an app declares on
+its sinks become asset checks of these assets (assets/checks.py).
 """
 
+import re
 
 import dagster as dg
 
-from orchestration.resources import EventideSettings, SparkResource
+from assets.resources import EventideSettings, SparkResource
 from transforms import lake
 from transforms.api import Application, DeltaSink
 from transforms.engine import RunReport, run_application
+
+
+def dagster_name(name: str) -> str:
+    """An app name as a Dagster op or group name (those allow letters, digits and underscores only)."""
+    return re.sub(r"[^A-Za-z0-9_]", "_", name)
 
 
 def delta_sinks(app: Application) -> list[DeltaSink]:
@@ -21,16 +28,11 @@ def delta_sinks(app: Application) -> list[DeltaSink]:
     return list(seen.values())
 
 
-def table_metadata(settings, table: str, reports: list[RunReport]) -> dict:
-    path = settings.table_path(table)
-    added = sum(r.rows_written.get(table, 0) for r in reports)
+def run_metadata(reports: list[RunReport]) -> dict:
     secs = sum(r.seconds for r in reports)
     rows_in = sum(r.input_rows for r in reports)
     lags = [r.max_lag_seconds for r in reports if r.max_lag_seconds is not None]
     return {
-        "rows_added": dg.MetadataValue.int(added),
-        "total_rows": dg.MetadataValue.int(lake.count(path)),
-        "delta_version": dg.MetadataValue.int(lake.version(path) if lake.exists(path) else -1),
         "batches": dg.MetadataValue.int(sum(r.batches for r in reports)),
         "input_messages": dg.MetadataValue.int(rows_in),
         "messages_per_second": dg.MetadataValue.float(round(rows_in / secs, 1) if secs else 0.0),
@@ -38,12 +40,24 @@ def table_metadata(settings, table: str, reports: list[RunReport]) -> dict:
         "quarantined": dg.MetadataValue.int(sum(r.quarantined for r in reports)),
         # Batches replayed after a crash whose commits were already in the lake (written nothing twice).
         "replayed_batches": dg.MetadataValue.int(sum(r.skipped_batches for r in reports)),
+    }
+
+
+def table_metadata(settings, table: str, reports: list[RunReport]) -> dict:
+    path = settings.table_path(table)
+    return {
+        "rows_added": dg.MetadataValue.int(sum(r.rows_written.get(table, 0) for r in reports)),
+        "total_rows": dg.MetadataValue.int(lake.count(path)),
+        "delta_version": dg.MetadataValue.int(lake.version(path) if lake.exists(path) else -1),
+        **run_metadata(reports),
         "path": dg.MetadataValue.path(str(path)),
     }
 
 
-def application_assets(app: Application, deps: list, group: str, extra_specs: list | None = None) -> dg.AssetsDefinition:
-    specs = [
+def application_assets(app: Application, deps: list, group: str) -> dg.AssetsDefinition:
+    """One asset per Delta sink table of `app`, all made by one run of the app's queries. An app
+    without a Delta sink (TCP only) is one asset named after it, so it still runs with the others."""
+    tables = [
         dg.AssetSpec(
             sink.table,
             deps=deps,
@@ -52,13 +66,16 @@ def application_assets(app: Application, deps: list, group: str, extra_specs: li
             description=f"{app.description or app.name}: Delta table `{sink.table}` ({sink.mode}).",
         )
         for sink in delta_sinks(app)
-    ] + list(extra_specs or [])
+    ]
+    specs = tables or [dg.AssetSpec(dagster_name(app.name), deps=deps, group_name=group, kinds={"spark", "tcp"},
+                                    description=f"{app.description or app.name} (no Delta table: TCP sinks only).")]
 
-    @dg.multi_asset(name=app.name, specs=specs, can_subset=False)
+    @dg.multi_asset(name=dagster_name(app.name), specs=specs, can_subset=False)
     def _run_app(context: dg.AssetExecutionContext, eventide: EventideSettings, spark: SparkResource):
         settings = eventide.get()
         reports = run_application(spark.session(settings), app, settings, progress=context.log.info)
         for spec in specs:
-            yield dg.MaterializeResult(asset_key=spec.key, metadata=table_metadata(settings, spec.key.path[-1], reports))
+            meta = table_metadata(settings, spec.key.path[-1], reports) if tables else run_metadata(reports)
+            yield dg.MaterializeResult(asset_key=spec.key, metadata=meta)
 
     return _run_app

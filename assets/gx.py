@@ -2,6 +2,9 @@
 
 `validate(df, name, expectations)` runs a suite over a pandas DataFrame in an ephemeral context and
 returns an AssetCheckResult whose metadata lists each expectation's outcome and sample failures.
+An expectation is a GX object (`gx.expectations.ExpectColumnValuesToNotBeNull(column="x")`) or its
+configuration dict (`{"type": "expect_column_values_to_not_be_null", "kwargs": {"column": "x"}}`):
+the dict form lets an app declare checks without importing great-expectations (seconds) on import.
 """
 
 import logging
@@ -23,6 +26,19 @@ def _context():
     return ctx
 
 
+def expectation(e):
+    """A GX expectation from an object or its configuration dict; TypeError says what is expected."""
+    if isinstance(e, dict):
+        from great_expectations.expectations.expectation_configuration import ExpectationConfiguration
+
+        try:
+            return ExpectationConfiguration(type=e["type"], kwargs=e.get("kwargs", {})).to_domain_obj()
+        except Exception as err:
+            raise TypeError(f"expectation {e!r}: not a great-expectations configuration "
+                            f"({{'type': 'expect_...', 'kwargs': {{...}}}}): {err}") from None
+    return e
+
+
 def validate(df: pd.DataFrame, name: str, expectations: list, asset_key=None, partition: str | None = None,
              severity: dg.AssetCheckSeverity = dg.AssetCheckSeverity.ERROR) -> dg.AssetCheckResult:
     import great_expectations as gx
@@ -33,7 +49,7 @@ def validate(df: pd.DataFrame, name: str, expectations: list, asset_key=None, pa
     batch = asset.add_batch_definition_whole_dataframe("all").get_batch(batch_parameters={"dataframe": df})
     suite = gx.ExpectationSuite(name=name)
     for e in expectations:
-        suite.add_expectation(e)
+        suite.add_expectation(expectation(e))
     result = batch.validate(suite)
     outcomes = {}
     for r in result.results:

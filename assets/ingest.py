@@ -1,53 +1,64 @@
-"""Landing (external), one bronze asset per stream, and the quarantine table."""
-
+"""Landing (external), one bronze asset per registered stream, and the quarantine table."""
 
 import dagster as dg
 
 from assets.apps import application_assets
-from orchestration.resources import EventideSettings
+from assets.resources import EventideSettings
 from transforms import lake
 from transforms.engine import QUARANTINE_TABLE
-from transforms.settings import DEFAULT_STREAM_GROUPS
-from transforms.streams import STREAMS, bronze_application
+from transforms.registry import Registry, StreamSpec
+from transforms.streams import bronze_application
 
-LANDING_GROUPS = sorted(set(DEFAULT_STREAM_GROUPS.values()))
+GROUP = "ingest"
 
 
 def landing_key(stream: str) -> dg.AssetKey:
-    return dg.AssetKey(f"landing_{DEFAULT_STREAM_GROUPS[stream]}")
+    return dg.AssetKey(f"landing_{stream}")
 
 
-landing_specs = [
-    dg.AssetSpec(
-        f"landing_{group}",
-        group_name="ingest",
+def landing_spec(spec: StreamSpec) -> dg.AssetSpec:
+    return dg.AssetSpec(
+        landing_key(spec.name),
+        group_name=GROUP,
         kinds={"parquet"},
-        description=f"Closed landing segments of sequence group `{group}` ({', '.join(s for s, g in DEFAULT_STREAM_GROUPS.items() if g == group)}), "
+        description=f"Closed landing segments of stream `{spec.name}` (folder `landing/{spec.log}`), "
         "written by `eventide serve` / `eventide ingest`.",
     )
-    for group in LANDING_GROUPS
-]
-
-bronze_assets = [application_assets(bronze_application(s), [landing_key(s)], "ingest") for s in STREAMS]
-BRONZE_KEYS = [dg.AssetKey(s.bronze_table) for s in STREAMS.values()]
 
 
-@dg.asset(name=QUARANTINE_TABLE, deps=BRONZE_KEYS, group_name="ingest", kinds={"delta"})
-def quarantine(eventide: EventideSettings) -> dg.MaterializeResult:
-    """Every message no step could handle, with the query, step and reason. Written by all queries."""
-    path = eventide.get().table_path(QUARANTINE_TABLE)
-    if not lake.exists(path):
-        return dg.MaterializeResult(metadata={"total_rows": 0})
-    by = lake.query("select query, step, count(*) as n from t group by query, step order by n desc", t=path).to_pylist()
-    return dg.MaterializeResult(
-        metadata={
-            "total_rows": sum(r["n"] for r in by),
-            "by_query_and_step": dg.MetadataValue.md(
-                "| query | step | rows |\n|---|---|---|\n" + "\n".join(f"| {r['query']} | {r['step']} | {r['n']} |" for r in by)
-            ),
-            "delta_version": lake.version(path),
-        }
-    )
+def bronze_assets(spec: StreamSpec) -> dg.AssetsDefinition:
+    return application_assets(bronze_application(spec), [landing_key(spec.name)], GROUP)
 
 
-defs = dg.Definitions(assets=[*landing_specs, *bronze_assets, quarantine])
+def stream_deps(registry: Registry, streams: list[str]) -> list[dg.AssetKey]:
+    """What an app reading `streams` is downstream of: their landing and their bronze tables."""
+    return [landing_key(s) for s in streams] + [dg.AssetKey(registry.stream(s).bronze_table) for s in streams]
+
+
+def quarantine_asset(registry: Registry) -> dg.AssetsDefinition:
+    bronze = [dg.AssetKey(s.bronze_table) for s in registry.streams.values()]
+
+    @dg.asset(name=QUARANTINE_TABLE, deps=bronze, group_name=GROUP, kinds={"delta"})
+    def quarantine(eventide: EventideSettings) -> dg.MaterializeResult:
+        """Every message no step could handle, with the query, step and reason. Written by all queries."""
+        path = eventide.get().table_path(QUARANTINE_TABLE)
+        if not lake.exists(path):
+            return dg.MaterializeResult(metadata={"total_rows": 0})
+        by = lake.query("select query, step, count(*) as n from t group by query, step order by n desc", t=path).to_pylist()
+        return dg.MaterializeResult(
+            metadata={
+                "total_rows": sum(r["n"] for r in by),
+                "by_query_and_step": dg.MetadataValue.md(
+                    "| query | step | rows |\n|---|---|---|\n" + "\n".join(f"| {r['query']} | {r['step']} | {r['n']} |" for r in by)
+                ),
+                "delta_version": lake.version(path),
+            }
+        )
+
+    return quarantine
+
+
+def ingest_definitions(registry: Registry) -> dg.Definitions:
+    """Every registered stream's landing and bronze, and quarantine."""
+    streams = list(registry.streams.values())
+    return dg.Definitions(assets=[*map(landing_spec, streams), *map(bronze_assets, streams), quarantine_asset(registry)])

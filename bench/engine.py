@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from transforms.apps.logs_decoder import parse_log_line
-from transforms.apps.words import split_words
+from examples.logs_decoder import parse_log_line
+from examples.words import split_words
 from transforms.engine import run_application
 from transforms.framing import iter_file_messages
 from transforms.landing import Lander, list_segments
@@ -65,7 +65,7 @@ def bench_bronze(results: dict, lines: int = 200_000) -> None:
 
 def bench_words(results: dict, lines: int = 50_000) -> None:
     text = [ln for ln in iter_file_messages(DATA / "word_count" / "count_this.txt") if ln.strip()]
-    from transforms.apps.words import word_count
+    from examples.words import word_count
 
     with tempfile.TemporaryDirectory() as tmp:
         settings = Settings(home=Path(tmp))

@@ -31,9 +31,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from examples.log_generate import START_DAY, generate_logs, iter_log_days
+from examples.logs_decoder import parse_log_line
 from transforms import lake
-from transforms.apps.log_generate import START_DAY, generate_logs, iter_log_days
-from transforms.apps.logs_decoder import parse_log_line
 from transforms.landing import Lander, list_segments
 from transforms.settings import Settings
 
@@ -113,8 +113,8 @@ def land_logs(settings: Settings, lines: int, days: int, seed: int = SEED, start
 def _query_timer(queries: list[dict]) -> Iterator[None]:
     """Record every engine query `run_all` runs (name, seconds, input rows, batches).
 
-    Wraps transforms.engine.run_query, which run_application looks up at call time."""
-    import transforms.engine as engine
+    Wraps transforms.engine.runner.run_query, which run_application looks up at call time."""
+    import transforms.engine.runner as engine
 
     original = engine.run_query
 
@@ -140,7 +140,7 @@ def timed_run_all(settings: Settings, spark_progress: SparkProgress | None = Non
     marks: dict[str, float] = {}
 
     def on_progress(msg: str) -> None:
-        if msg.startswith("summarizing"):
+        if msg.startswith("asking the apps"):  # run_all's second phase: the daily summaries
             marks["summaries_start"] = time.perf_counter()
         progress(f"  run: {msg.strip()}")
 
@@ -179,7 +179,7 @@ def timed_run_all(settings: Settings, spark_progress: SparkProgress | None = Non
 
 
 def stored_summary_counts(settings: Settings) -> dict:
-    from transforms.apps.logs import SUMMARY_TABLE
+    from examples.logs import SUMMARY_TABLE
 
     path = settings.table_path(SUMMARY_TABLE)
     if not lake.exists(path):
@@ -363,8 +363,8 @@ def profile_python_stages(settings: Settings, max_rows: int = STAGE_PROFILE_LINE
     import dataclasses
 
     try:
+        from examples.logs import log_app
         from transforms import engine
-        from transforms.apps.logs import log_app
         from transforms.streams import bronze_application
 
         tables, rows = [], 0
@@ -398,7 +398,7 @@ def profile_python_stages(settings: Settings, max_rows: int = STAGE_PROFILE_LINE
                     lambda p=processor, f=frame, k=key: _concat_frames(p.handleInputRows((k,), iter([f]), _FakeTimerValues())))
                 staged = pa.Table.from_pandas(outputs, schema=engine.ENVELOPE, preserve_index=False)
                 out[f"{name}_state_step_outputs"] = staged.num_rows
-            writer = engine.make_batch_writer(plan, scratch, engine.RunReport(plan.name), {})
+            writer = engine.BatchWriter(plan, scratch, engine.RunReport(plan.name), {})
             _, out[f"{name}_batch_writer_s_per_m"] = timed(lambda w=writer, t=staged: w(_FakeBatch(t), 0))
         return out
     except Exception as e:  # the profile is an extra: the benchmark goes on

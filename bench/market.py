@@ -8,7 +8,7 @@ Lander into a temporary EVENTIDE_HOME (not timed). Then:
   including query start-up; a small warm-up run in another home first takes the one-off Python
   worker and JIT start-up out of the number.
 - loop: one Python process reads the same segments and makes the same decisions in a plain loop
-  (`transforms.apps.market.run_loop`, Wallaroo's model: one worker, state in a dict). Reported
+  (`examples.market.run_loop`, Wallaroo's model: one worker, state in a dict). Reported
   without and with writing the two result tables to Delta once at the end.
 
 The two must agree (same rejections, same final state), or the benchmark fails.
@@ -32,8 +32,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from transforms import lake
-from transforms.apps.market import (
+from examples.market import (
     MARKET_STATE_SCHEMA,
     MARKET_STATE_TABLE,
     ORDER_REJECTIONS_SCHEMA,
@@ -41,7 +40,8 @@ from transforms.apps.market import (
     market_app,
     run_loop,
 )
-from transforms.apps.market_generate import mixed_messages, synthetic_symbols
+from examples.market_generate import mixed_messages, synthetic_symbols
+from transforms import lake
 from transforms.engine import run_application
 from transforms.landing import Lander, read_landed
 from transforms.settings import Settings
@@ -58,7 +58,7 @@ def land(settings: Settings, messages: list[tuple[str, bytes]]) -> None:
 
 def python_loop(settings: Settings, write_delta_to: Path | None = None):
     """Wallaroo's model over the landed segments: read, decode, decide; optionally write both tables."""
-    landed = read_landed(settings, "market")
+    landed = read_landed(settings, settings.group_of("orders"))
     streams, payloads, seqs, times = (landed.column(c).to_pylist() for c in ("stream", "payload", "seq", "receive_time"))
     quotes, rejections = run_loop(zip(streams, payloads))
     if write_delta_to is not None:
@@ -94,9 +94,9 @@ class _Split:
         self.prof = cProfile.Profile()
 
     def __enter__(self):
-        import transforms.engine as engine
+        import transforms.engine.runner as engine
 
-        self.engine, self.original = engine, engine.make_batch_writer
+        self.engine, self.original = engine, engine.BatchWriter
         split = self
 
         def make_batch_writer(*args, **kwargs):
@@ -117,11 +117,11 @@ class _Split:
             write.close = inner.close
             return write
 
-        engine.make_batch_writer = make_batch_writer
+        engine.BatchWriter = make_batch_writer
         return self
 
     def __exit__(self, *exc):
-        self.engine.make_batch_writer = self.original
+        self.engine.BatchWriter = self.original
 
 
 def _engine_run(spark, settings: Settings, profile: bool = False):

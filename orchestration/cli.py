@@ -1,21 +1,50 @@
-"""The `eventide` command line. Stable: serve, send, ingest, run, show, demo (see README)."""
+"""The `eventide` command line. Stable: serve, send, ingest, run, show, quarantine, apps, new, demo (see README)."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
-from transforms.settings import ConfigError, get_settings
+from transforms.settings import ConfigError, get_settings, reset_settings
+
+_ANY_ADDRESS = ("", "0.0.0.0", "::")
 
 
 def _address(text: str | None, settings, stream: str) -> tuple[str, int]:
-    if not text:
-        return settings.bind_host, settings.ports[stream]
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ConfigError(f"--to {text!r}: expected HOST:PORT, e.g. 127.0.0.1:{settings.ports.get(stream, 7101)}")
-    return host or "127.0.0.1", int(port)
+    """Where to send a stream: --to, else the port a running `eventide serve` recorded, else the
+    stream's configured port (EVENTIDE_PORTS or its source's `port`)."""
+    if text:
+        host, sep, port = text.rpartition(":")
+        if not sep or not port.isdigit():
+            raise ConfigError(f"--to {text!r}: expected HOST:PORT, e.g. 127.0.0.1:7101")
+        return host or "127.0.0.1", int(port)
+    from orchestration.gateway import running_gateway, state_path
+
+    settings.registry.stream(stream)  # an unknown stream: say so, not "no port"
+    running = running_gateway(settings)
+    if running and stream in running["ports"]:
+        host = running["host"]
+        return ("127.0.0.1" if host in _ANY_ADDRESS else host), running["ports"][stream]
+    port = settings.port_of(stream)
+    if port:
+        return ("127.0.0.1" if settings.bind_host in _ANY_ADDRESS else settings.bind_host), port
+    if running:
+        raise ConfigError(
+            f"the gateway running for {settings.home} (pid {running['pid']}) does not serve stream {stream!r}: "
+            "restart `eventide serve` with its app registered (EVENTIDE_APPS or --app), or pass --to HOST:PORT"
+        )
+    raise ConfigError(
+        f"no port known for stream {stream!r}: no running `eventide serve` recorded one in {state_path(settings)}, "
+        "and neither EVENTIDE_PORTS nor its source sets one. Start `eventide serve` (same EVENTIDE_HOME), "
+        "or pass --to HOST:PORT"
+    )
+
+
+def _framed(args) -> bool | None:
+    """--framed / --lines, or None: guess from the file's extension (.msg = framed)."""
+    return True if args.framed else False if args.lines else None
 
 
 def _files(paths: list[str]) -> list[Path]:
@@ -31,16 +60,20 @@ def _files(paths: list[str]) -> list[Path]:
 def cmd_serve(args, settings) -> int:
     from orchestration.gateway import serve_forever
 
+    # --gateway-only: serve runs only the gateway today; the flag keeps scripts valid once it does more.
     serve_forever(settings)
     return 0
 
 
 def cmd_send(args, settings) -> int:
+    from orchestration.gateway import framing_of
     from orchestration.sender import send_files
 
     settings.group_of(args.stream)
+    files = _files(args.files)
     host, port = _address(args.to, settings, args.stream)
-    n = send_files(args.stream, _files(args.files), host, port, end_of_day=args.end_of_day, marker=settings.marker)
+    n = send_files(args.stream, files, host, port, end_of_day=args.end_of_day, marker=settings.marker,
+                   framing=framing_of(settings), framed=_framed(args))
     print(f"sent {n} messages to {args.stream} at {host}:{port}")
     return 0
 
@@ -49,23 +82,49 @@ def cmd_ingest(args, settings) -> int:
     from orchestration.sender import ingest_files
 
     settings.group_of(args.stream)
-    n = ingest_files(settings, args.stream, _files(args.files), end_of_day=args.end_of_day)
+    n = ingest_files(settings, args.stream, _files(args.files), end_of_day=args.end_of_day, framed=_framed(args))
     print(f"landed {n} messages in {args.stream} under {settings.landing}")
     return 0
+
+
+def _detail(value, limit: int = 300) -> str:
+    import json
+
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def format_check_failure(f) -> list[str]:
+    """A failed check as lines for the user: which asset, check and partition, why, the rows or counts
+    its metadata records, and what to do."""
+    where = f"{f.asset}[{f.partition}]" if f.partition else f.asset
+    lines = [f"  check FAILED: {where} {f.check}" + ("" if f.blocking else " (not blocking)")]
+    if f.description:
+        lines.append(f"    what it checks: {f.description}")
+    for key, value in f.metadata.items():
+        lines.append(f"    {key}: {_detail(value)}")
+    part = f", partition {f.partition}" if f.partition else ""
+    lines.append(f"    what to do: look at the rows (`eventide show {f.asset}`{part}), fix the input or the check, "
+                 "then `eventide run` again" + (": what it held back runs then" if f.blocking else ""))
+    return lines
 
 
 def cmd_run(args, settings) -> int:
     from orchestration.runner import run_all
 
     summary = run_all(settings, summaries=not args.pipelines_only)
-    for asset, check, passed, partition in summary.checks:
-        if not passed:
-            print(f"  check FAILED: {asset}{f'[{partition}]' if partition else ''} {check}")
-    failed_checks = sum(not c[2] for c in summary.checks)
+    # Everything ran that could; now every failure, then the exit status.
+    for f in summary.check_failures:
+        print("\n".join(format_check_failure(f)))
+    if summary.not_materialized:
+        print(f"  not materialized (downstream of a failure): {', '.join(summary.not_materialized)}")
+    for held in summary.held_back:
+        print(f"  held back: {held}")
+    failed_checks = summary.failed_checks
     print(f"checks: {len(summary.checks) - failed_checks} passed, {failed_checks} failed")
     for f in summary.failures:
         print(f"error: {f}", file=sys.stderr)
-    return 0 if summary.ok and not failed_checks else 1
+    return 0 if summary.passed else 1
 
 
 def cmd_show(args, settings) -> int:
@@ -73,6 +132,60 @@ def cmd_show(args, settings) -> int:
 
     print(show_table(settings, args.table, args.format, args.where, args.limit), end="")
     return 0
+
+
+def cmd_quarantine(args, settings) -> int:
+    from orchestration.deadletter import replay_and_run, show_quarantine
+
+    if args.action == "replay":
+        return replay_and_run(settings, args.stream, args.reason)
+    print(show_quarantine(settings, args.stream, args.reason, args.format, args.limit), end="")
+    return 0
+
+
+def cmd_apps(args, settings) -> int:
+    from orchestration.listing import describe_apps, format_apps
+
+    print(format_apps(describe_apps(settings), args.format), end="")
+    return 0
+
+
+def cmd_new(args, settings) -> int:
+    from orchestration.scaffold import scaffold
+
+    folder = Path(args.dir)
+    paths = scaffold(args.name, folder)
+    name = args.name
+    print(f"wrote {', '.join(p.name for p in paths)} in {folder.absolute()}")
+    print(f"next, in that folder:\n  export EVENTIDE_APPS={name}:app\n  eventide ingest {name} {name}_sample.txt\n"
+          f"  eventide run\n  eventide show {name}_totals\n  pytest test_{name}.py")
+    return 0
+
+
+def ui_command(settings, port: int, cwd: Path | None = None) -> tuple[list[str], dict[str, str]]:
+    """`dagster dev` over Eventide's workspace, with the same home and apps, and the current folder
+    importable (a user's app lives there; Dagster's code server runs from the repo)."""
+    cwd = (cwd or Path.cwd()).absolute()
+    repo = Path(__file__).resolve().parents[1]
+    env = dict(os.environ)
+    env["EVENTIDE_HOME"] = str(settings.home.absolute())
+    env["EVENTIDE_APPS"] = settings.apps
+    env["DAGSTER_HOME"] = str(settings.dagster_home.absolute())
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(cwd), env.get("PYTHONPATH", "")) if p)
+    dagster = Path(sys.executable).with_name("dagster")
+    argv = [str(dagster), "dev", "-w", str(repo / "workspace.yaml"), "-h", "127.0.0.1", "-p", str(port)]
+    return argv, env
+
+
+def cmd_ui(args, settings) -> int:
+    from orchestration.runner import dagster_instance
+
+    dagster_instance(settings)  # writes the instance config under the home
+    argv, env = ui_command(settings, args.port)
+    print(f"Dagster UI on http://127.0.0.1:{args.port} (apps: {settings.apps}; home: {settings.home.absolute()})",
+          flush=True)
+    os.execve(argv[0], argv, env)
+    return 0  # not reached
 
 
 def cmd_demo(args, settings) -> int:
@@ -83,12 +196,12 @@ def cmd_demo(args, settings) -> int:
 
 def cmd_generate(args, settings) -> int:
     if args.kind == "logs":
-        from transforms.apps.log_generate import generate_logs
+        from examples.log_generate import generate_logs
 
         info = generate_logs(Path(args.out), lines=args.count, days=args.days, seed=args.seed, crlf=args.crlf)
         print(f"wrote {info['lines']} log lines over {len(info['days'])} days to {args.out}")
         return 0
-    from transforms.apps.market_generate import generate
+    from examples.market_generate import generate
 
     n = generate(args.kind, Path(args.out), symbols_file=args.symbols, count=args.count, seed=args.seed,
                  unknown_share=args.unknown_share)
@@ -102,28 +215,44 @@ def cmd_backfill(args, settings) -> int:
     return backfill(settings, args.start, args.end)
 
 
+def _app_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--app", action="append", metavar="MODULE:ATTR",
+                        help="register this app instead of EVENTIDE_APPS (repeatable)")
+
+
+def _file_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("stream")
+    parser.add_argument("files", nargs="+")
+    how = parser.add_mutually_exclusive_group()
+    how.add_argument("--framed", action="store_true", help="files hold length-prefixed frames (default for .msg)")
+    how.add_argument("--lines", action="store_true", help="one message per line (default for other files)")
+    parser.add_argument("--end-of-day", action="store_true", help="a message END_OF_DAY after each file")
+    _app_option(parser)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="eventide", description="Event-window analytics on Spark, Delta Lake and Dagster.")
     sub = p.add_subparsers(dest="command", required=True)
 
-    s = sub.add_parser("serve", help="run the gateway: one TCP port per stream, landing every framed message")
+    s = sub.add_parser("serve", help="run the gateway: one TCP port per registered stream, landing every message")
+    s.add_argument("--gateway-only", action="store_true",
+                   help="run only the gateway (today serve runs nothing else)")
+    _app_option(s)
     s.set_defaults(fn=cmd_serve)
 
-    s = sub.add_parser("send", help="send files to the gateway, one framed message per line (.msg files as is)")
-    s.add_argument("stream")
-    s.add_argument("files", nargs="+")
-    s.add_argument("--to", help="HOST:PORT of the gateway (default: the stream's port on loopback)")
-    s.add_argument("--end-of-day", action="store_true", help="send a framed END_OF_DAY after each file")
+    s = sub.add_parser("send", help="send files to a running gateway (text: a message per line; .msg: frames)")
+    _file_options(s)
+    s.add_argument("--to", metavar="HOST:PORT",
+                   help="where to send (default: the port `eventide serve` recorded, else the stream's port)")
     s.set_defaults(fn=cmd_send)
 
     s = sub.add_parser("ingest", help="land files without a network (same messages as send)")
-    s.add_argument("stream")
-    s.add_argument("files", nargs="+")
-    s.add_argument("--end-of-day", action="store_true")
+    _file_options(s)
     s.set_defaults(fn=cmd_ingest)
 
     s = sub.add_parser("run", help="process everything landed so far through Dagster (pipelines, summaries, checks)")
     s.add_argument("--pipelines-only", action="store_true", help="skip the daily summaries")
+    _app_option(s)
     s.set_defaults(fn=cmd_run)
 
     s = sub.add_parser("show", help="print a Delta table")
@@ -132,6 +261,31 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--where", help="SQL filter, e.g. \"day = '2004-03-07'\"")
     s.add_argument("--limit", type=int, default=None)
     s.set_defaults(fn=cmd_show)
+
+    s = sub.add_parser("apps", help="list the registered apps: streams and ports, tables, TCP sinks")
+    s.add_argument("--format", choices=("table", "json"), default="table", help="json: one object per line")
+    _app_option(s)
+    s.set_defaults(fn=cmd_apps)
+
+    s = sub.add_parser("new", help="write a starter app NAME.py, a sample input and its test")
+    s.add_argument("name", help="the app's name, a Python identifier: its module, stream and tables")
+    s.add_argument("--dir", default=".", help="folder to write into (default: the current one)")
+    s.set_defaults(fn=cmd_new)
+
+    s = sub.add_parser("quarantine", help="the dead-letter queue: counts, rows (--stream/--reason), replay after a fix")
+    s.add_argument("action", nargs="?", choices=("replay",),
+                   help="replay: land the selected messages again and run the pipelines (current decoders)")
+    s.add_argument("--stream", help="only this stream")
+    s.add_argument("--reason", help="only reasons containing this text (any case)")
+    s.add_argument("--format", choices=("table", "json"), default="table", help="json: one object per line")
+    s.add_argument("--limit", type=int, default=None, help="rows to show at most")
+    _app_option(s)
+    s.set_defaults(fn=cmd_quarantine)
+
+    s = sub.add_parser("ui", help="serve the Dagster UI (lineage, runs, checks) over the same home and apps")
+    s.add_argument("--port", type=int, default=3000)
+    _app_option(s)
+    s.set_defaults(fn=cmd_ui)
 
     s = sub.add_parser("demo", help="run everything on the bundled sample data and print the results")
     s.set_defaults(fn=cmd_demo)
@@ -147,19 +301,31 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--crlf", action="store_true", help="logs: CRLF line endings")
     s.set_defaults(fn=cmd_generate)
 
-    s = sub.add_parser("backfill", help="recompute daily summaries for a range of days from bronze (Dagster backfill)")
+    s = sub.add_parser("backfill", help="recompute the apps' daily partitions for a range of days (Dagster backfill)")
     s.add_argument("start", help="first day, YYYY-MM-DD")
     s.add_argument("end", nargs="?", help="last day (inclusive), default: start")
+    _app_option(s)
     s.set_defaults(fn=cmd_backfill)
     return p
+
+
+def _settings(args):
+    """The settings; `--app` replaces EVENTIDE_APPS, in the environment too, so that Dagster code run in
+    this process (it reads settings itself) registers the same apps."""
+    apps = getattr(args, "app", None)
+    if apps:
+        os.environ["EVENTIDE_APPS"] = ",".join(apps)
+        reset_settings()
+    return get_settings()
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        settings = get_settings()
+        settings = _settings(args)
         return args.fn(args, settings) or 0
     except (ConfigError, ValueError, FileNotFoundError, ConnectionError, RuntimeError) as e:
+        # ConfigError covers transforms.registry.AppLoadError: an app that cannot load, named with its module.
         print(f"eventide {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -32,7 +32,7 @@ def run_demo(settings: Settings) -> int:
     home = settings.home / "demo"
     if home.exists():
         shutil.rmtree(home)  # the demo starts from nothing each time, so it always prints the same results
-    settings = dataclasses.replace(settings, home=home, ports={s: 0 for s in settings.ports})
+    settings = dataclasses.replace(settings, home=home, ports={s: 0 for s in settings.registry.streams})
     _say(f"Eventide demo (home: {home})")
     _say("1. gateway: listening on free loopback ports, sending the sample data over TCP")
     with GatewayThread(settings) as gw, tempfile.TemporaryDirectory() as tmp:
@@ -43,7 +43,7 @@ def run_demo(settings: Settings) -> int:
             _say(f"   {stream:<12} {n:>5} messages  ({', '.join(f.name for f in files)})")
             return n
 
-        from transforms.apps.market_generate import generate
+        from examples.market_generate import generate
 
         orders = Path(tmp) / "orders.msg"
         generate("orders", orders, count=1000, seed=7, unknown_share=0.02)

@@ -13,24 +13,32 @@ does): the gateway closes a connection only after landing and syncing its last b
 
 One event loop, one thread: the `Lander` is single-writer and not thread-safe, so every call to it
 happens on the loop.
+
+`serve_forever` records the ports it bound in `<home>/gateway.json` (with its pid), so `eventide send`
+finds a stream's port even when it was a free one; the file is removed on a clean stop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
+import json
 import logging
+import os
 import signal
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from transforms.framing import FrameDecoder, FrameTooLarge, Framing, TruncatedFrame
 from transforms.landing import Lander
-from transforms.settings import Settings
+from transforms.settings import ConfigError, Settings
 
 log = logging.getLogger(__name__)
 
 ROTATE_INTERVAL_SECONDS = 0.1
+STATE_FILE = "gateway.json"
 
 
 class GatewayError(RuntimeError):
@@ -81,14 +89,9 @@ class _Connection(asyncio.Protocol):
             except FrameTooLarge as e:
                 too_large = e
         if too_large is not None:
-            pending = self.decoder.pending()
+            pending = self.decoder.pending()  # the oversized header and what came after it
             self.finished = True
-            gw._quarantine(
-                self,
-                pending,
-                f"frame length {too_large.length} exceeds limit {too_large.limit} bytes; "
-                f"{len(pending)} bytes received after the last whole frame; connection closed",
-            )
+            gw._quarantine(self, pending, _too_large_reason(too_large, len(pending) - gw.framing.header_length))
             self.transport.close()
         lander.sync()
 
@@ -118,16 +121,21 @@ class _Connection(asyncio.Protocol):
         try:
             self.decoder.finish()
         except TruncatedFrame as e:
-            hl = self.gateway.framing.header_length
-            if e.expected is None:
-                got = f"{len(e.partial)} of {hl} header bytes"
-            else:
-                got = f"{len(e.partial) - hl} of {e.expected} payload bytes"
-            self.gateway._quarantine(self, e.partial, f"connection closed inside a frame: {got} ({how})")
+            self.gateway._quarantine(self, e.partial, f"{e} ({how})")
+
+
+def _too_large_reason(e: FrameTooLarge, arrived: int) -> str:
+    """`e`, and how many payload bytes came after the header before the connection was closed."""
+    if arrived <= e.length:
+        came = f"{arrived} of them arrived"
+    else:
+        came = f"all of them and {arrived - e.length} bytes more arrived"
+    return (f"{e}; {came} before the gateway closed the connection (landed as received, header included); "
+            "raise EVENTIDE_MAX_FRAME_BYTES if frames this large are expected")
 
 
 class Gateway:
-    """TCP server landing framed messages; one listening port per stream in `settings.ports`.
+    """TCP server landing framed messages; one listening port per registered stream (`settings.port_of`).
 
     Counters: `messages` (whole frames landed), `quarantined` (pieces of bad input landed with an
     error), `connections` (open now), `connections_accepted` (since start).
@@ -162,6 +170,18 @@ class Gateway:
         """Stream -> the port actually listened on (port 0 in settings means any free port)."""
         return dict(self._ports)
 
+    def _streams(self) -> list[str]:
+        """Every registered stream; a port set for an unknown stream fails here, before any client lands."""
+        registry = self.settings.registry
+        unknown = sorted(set(self.settings.ports) - set(registry.streams))
+        if unknown:  # a typo, or a port for an app that is not registered: say so rather than ignore it
+            raise ConfigError(
+                f"EVENTIDE_PORTS sets a port for {', '.join(map(repr, unknown))}, which no registered app declares "
+                f"(apps: {', '.join(registry.entries) or 'none'}; streams: {', '.join(registry.streams) or 'none'}). "
+                "Register the app that reads it (EVENTIDE_APPS or --app), or remove it from EVENTIDE_PORTS."
+            )
+        return list(registry.streams)
+
     async def start(self) -> None:
         """Open the landing (LandingBusy if another process holds it) and listen on every port."""
         if self.lander is None:
@@ -169,8 +189,8 @@ class Gateway:
         loop = asyncio.get_running_loop()
         host = self.settings.bind_host
         try:
-            for stream, port in self.settings.ports.items():
-                self.settings.group_of(stream)  # an unknown stream fails here, before any client lands
+            for stream in self._streams():
+                port = self.settings.port_of(stream)
                 try:
                     self._servers[stream] = await loop.create_server(
                         lambda stream=stream: _Connection(self, stream), host, port, backlog=1024
@@ -335,6 +355,59 @@ class GatewayThread:
         self.stop()
 
 
+# -- the running gateway's ports, recorded for `eventide send` --------------------------------------------
+def state_path(settings: Settings) -> Path:
+    return settings.home / STATE_FILE
+
+
+def record_ports(settings: Settings, ports: dict[str, int]) -> Path:
+    """Write `<home>/gateway.json` (pid, host, ports, started_at) atomically: a reader never sees half."""
+    path = state_path(settings)
+    state = {
+        "pid": os.getpid(),
+        "host": settings.bind_host,
+        "ports": ports,
+        "started_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(state, indent=2) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def forget_ports(settings: Settings) -> None:
+    """Remove the record if it is this process's (a newer gateway's record is left alone)."""
+    path = state_path(settings)
+    try:
+        if json.loads(path.read_text()).get("pid") == os.getpid():
+            path.unlink()
+    except (OSError, ValueError):
+        pass
+
+
+def running_gateway(settings: Settings) -> dict | None:
+    """The record of the gateway serving this home, or None if there is none or its process is gone."""
+    try:
+        state = json.loads(state_path(settings).read_text())
+        pid = int(state["pid"])
+        ports = {str(k): int(v) for k, v in state["ports"].items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None  # missing or unreadable: as if no gateway recorded anything
+    if not _alive(pid):
+        return None  # killed without a clean stop: the record is stale
+    return {**state, "pid": pid, "ports": ports}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    return True
+
+
 def _say(line: str) -> None:
     print(line, flush=True)  # flushed: `eventide serve` output often goes to a pipe or a log file
 
@@ -353,6 +426,7 @@ def serve_forever(
 async def _serve(settings: Settings, progress: Callable[[str], None], progress_interval: float) -> dict:
     gateway = Gateway(settings)
     await gateway.start()
+    record = record_ports(settings, gateway.bound_ports)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     # Installed explicitly: a process started in the background by a shell inherits SIGINT ignored,
@@ -363,6 +437,7 @@ async def _serve(settings: Settings, progress: Callable[[str], None], progress_i
     progress(f"eventide gateway landing in {settings.landing}")
     for stream, port in gateway.bound_ports.items():
         progress(f"listening for {stream} on {host}:{port}")
+    progress(f"ports recorded in {record} (`eventide send STREAM FILE` finds them)")
     started = last_time = time.monotonic()
     last_count = 0
     last_connections = 0
@@ -383,7 +458,10 @@ async def _serve(settings: Settings, progress: Callable[[str], None], progress_i
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
-        await gateway.stop()
+        try:
+            await gateway.stop()
+        finally:
+            forget_ports(settings)
     totals = {
         "messages": gateway.messages,
         "quarantined": gateway.quarantined,

@@ -1,8 +1,24 @@
 """`eventide run`: materialize everything through Dagster, in this process, recorded in the instance
-under `EVENTIDE_HOME/dagster` (so `make ui` shows the runs)."""
+under `EVENTIDE_HOME/dagster` (so `make ui` shows the runs).
+
+First the pipelines job (bronze, every registered app with the checks on its sinks, quarantine).
+Then what the apps' extras say is due: every sensor and schedule of the definitions (except those
+that start the pipelines job, which just ran) is evaluated once, here, and the runs it requests are
+executed in this process. Sensors are asked without their cursor, so they request everything they
+would ever have requested (the log app's sensor: every day with a closed window; its schedule:
+every day over by the clock whose summary is missing or behind); the runs must be idempotent, as
+partition runs are. Only standard and asset sensors, and schedules, whose default status is
+RUNNING are asked.
+
+A failure stops only what depends on it: a failed blocking check (or a failed step) holds back the
+assets downstream of it, in the run (Dagster's blocking checks) and in the requested runs (`run_all`
+holds back a run that needs an asset the pipelines run left unusable); everything else runs, and the
+summary reports each failure for the caller to print and exit non-zero at the end.
+"""
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -12,6 +28,8 @@ import dagster as dg
 from transforms.settings import Settings
 
 QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+_PARTITION_TAGS = ("dagster/partition", "dagster/partition_set")
+_ASKED_SENSORS = ("STANDARD", "ASSET")  # run-status and automation sensors react to events, not state
 
 
 def dagster_instance(settings: Settings) -> dg.DagsterInstance:
@@ -21,54 +39,192 @@ def dagster_instance(settings: Settings) -> dg.DagsterInstance:
     if not config.exists():
         config.write_text("telemetry:\n  enabled: false\n")
     os.environ["DAGSTER_HOME"] = str(home)
-    # Resources read settings from the environment: make sure they see the same home.
+    # Resources read settings from the environment: make sure they see the same home and apps.
     os.environ["EVENTIDE_HOME"] = str(settings.home.absolute())
+    if settings.app_registry is None:
+        os.environ["EVENTIDE_APPS"] = settings.apps
     return dg.DagsterInstance.get()
+
+
+@dataclass(frozen=True)
+class CheckFailure:
+    """A failed asset check, for the report: which asset, check and partition, what it checks, and its
+    metadata (the failing rows, when the check records them)."""
+
+    asset: str
+    check: str
+    partition: str
+    description: str
+    metadata: dict
+    blocking: bool
 
 
 @dataclass
 class RunSummary:
+    """What `run_all` did. `ok`: no step failed other than by a failed check (those are in `checks` and
+    `check_failures`); `passed`: that, and every check passed."""
+
     ok: bool = True
     materialized: dict[str, dict] = field(default_factory=dict)
     checks: list[tuple[str, str, bool, str]] = field(default_factory=list)  # (asset, check, passed, partition)
     failures: list[str] = field(default_factory=list)
+    check_failures: list[CheckFailure] = field(default_factory=list)
+    # Assets a run planned but did not materialize (downstream of a failed check, or of an error).
+    not_materialized: list[str] = field(default_factory=list)
+    # Runs a sensor or schedule asked for, not executed: what they need was not materialized.
+    held_back: list[str] = field(default_factory=list)
+
+    @property
+    def failed_checks(self) -> int:
+        return sum(not c[2] for c in self.checks)
+
+    @property
+    def passed(self) -> bool:
+        return self.ok and not self.failed_checks
 
 
-def _collect(result, summary: RunSummary, partition: str = "") -> None:
+@dataclass(frozen=True)
+class DueRun:
+    """A run a sensor or schedule requested: job, partition (or ""), and who asked."""
+
+    job: str
+    partition_key: str
+    requested_by: str
+    request: dg.RunRequest = field(compare=False, repr=False)
+
+
+def _metadata(md) -> dict:
+    return {k: getattr(v, "value", v) for k, v in (md or {}).items()}
+
+
+def _collect(result, summary: RunSummary, partition: str = "") -> set[dg.AssetKey]:
+    """Record a run's materializations, checks and failures; returns the asset keys the run leaves
+    unusable downstream: those with a failed blocking check, and those it planned but did not materialize."""
+    done: set[dg.AssetKey] = set()
     for ev in result.get_asset_materialization_events():
         mat = ev.event_specific_data.materialization
+        done.add(mat.asset_key)
         name = mat.asset_key.to_user_string() + (f"[{mat.partition}]" if mat.partition else "")
-        summary.materialized[name] = {k: getattr(v, "value", v) for k, v in mat.metadata.items()}
+        summary.materialized[name] = _metadata(mat.metadata)
+    blocked: set[dg.AssetKey] = set()
     for ev in result.get_asset_check_evaluations():
         summary.checks.append((ev.asset_key.to_user_string(), ev.check_name, ev.passed, partition))
+        if not ev.passed:
+            blocking = bool(ev.blocking) and ev.severity == dg.AssetCheckSeverity.ERROR
+            spec = result.job_def.asset_layer.asset_graph.get_check_spec(dg.AssetCheckKey(ev.asset_key, ev.check_name))
+            summary.check_failures.append(CheckFailure(ev.asset_key.to_user_string(), ev.check_name, partition,
+                                                       ev.description or spec.description or "",
+                                                       _metadata(ev.metadata), blocking))
+            if blocking:
+                blocked.add(ev.asset_key)
+    planned = set(result.job_def.asset_layer.selected_asset_keys)
+    missing = planned - done
+    suffix = f"[{partition}]" if partition else ""
+    summary.not_materialized.extend(sorted(k.to_user_string() + suffix for k in missing))
     if not result.success:
-        summary.ok = False
         for ev in result.all_events:
             if ev.is_failure and ev.event_specific_data is not None:
                 err = getattr(ev.event_specific_data, "error", None)
+                if err is not None and err.cls_name == "DagsterAssetCheckFailedError":
+                    continue  # a blocking check that failed: reported with the checks, not as an error
+                summary.ok = False
                 summary.failures.append(f"{ev.step_key}: {err.message.strip() if err else ev.message}")
+    return blocked | missing
+
+
+def due_runs(defs: dg.Definitions, instance: dg.DagsterInstance, skip_jobs: tuple[str, ...] = (),
+             now: dt.datetime | None = None) -> list[DueRun]:
+    """Ask every standard sensor and schedule (default RUNNING) of `defs` once, without a cursor, and
+    return the runs they request, one per (job, partition), sorted. Those targeting `skip_jobs` are not asked."""
+    now = now or dt.datetime.now(dt.timezone.utc)
+    resources = dict(defs.resources or {})
+    repo = defs.get_repository_def()  # partitioned run requests are resolved against it
+    asked: list[tuple[str, str | None, list[dg.RunRequest]]] = []
+    for sensor in defs.sensors or ():
+        jobs = [t.job_name for t in sensor.targets]
+        if (sensor.sensor_type.name not in _ASKED_SENSORS or sensor.default_status != dg.DefaultSensorStatus.RUNNING
+                or set(jobs) & set(skip_jobs)):
+            continue
+        with dg.build_sensor_context(instance=instance, resources=resources, sensor_name=sensor.name,
+                                     repository_def=repo) as ctx:
+            data = sensor.evaluate_tick(ctx)
+        asked.append((sensor.name, jobs[0] if len(jobs) == 1 else None, list(data.run_requests or ())))
+    for schedule in defs.schedules or ():
+        if schedule.default_status != dg.DefaultScheduleStatus.RUNNING or schedule.job_name in skip_jobs:
+            continue
+        with dg.build_schedule_context(instance=instance, resources=resources, scheduled_execution_time=now,
+                                       repository_def=repo) as ctx:
+            data = schedule.evaluate_tick(ctx)
+        asked.append((schedule.name, schedule.job_name, list(data.run_requests or ())))
+    due: dict[tuple[str, str], DueRun] = {}
+    for who, default_job, requests in asked:
+        for req in requests:
+            job = req.job_name or default_job
+            if job is None:
+                raise ValueError(f"{who} requested a run without a job name and targets several jobs")
+            due.setdefault((job, req.partition_key or ""), DueRun(job, req.partition_key or "", who, req))
+    return [due[k] for k in sorted(due)]
+
+
+def execute_due(defs: dg.Definitions, instance: dg.DagsterInstance, run: DueRun):
+    req = run.request
+    tags = {k: v for k, v in (req.tags or {}).items() if not k.startswith(_PARTITION_TAGS)}
+    config = req.run_config if isinstance(req.run_config, dict) else {}
+    return defs.resolve_job_def(run.job).execute_in_process(
+        instance=instance, partition_key=run.partition_key or None, run_config={**QUIET, **config},
+        tags={**tags, "eventide/requested_by": run.requested_by}, asset_selection=req.asset_selection,
+        raise_on_error=False)
+
+
+def _needs(defs: dg.Definitions, run: DueRun) -> set[dg.AssetKey]:
+    """The assets a requested run materializes, and everything upstream of them."""
+    graph = defs.resolve_asset_graph()
+    keys = set(run.request.asset_selection or defs.resolve_job_def(run.job).asset_layer.selected_asset_keys)
+    return keys.union(*(graph.get_ancestor_asset_keys(k) for k in keys))
 
 
 def run_all(settings: Settings, progress: Callable[[str], None] = print, summaries: bool = True) -> RunSummary:
-    from assets.logs import SUMMARY_JOB, days_to_summarize
-    from orchestration.definitions import defs
+    """The pipelines job, then (with `summaries`) every run the apps' sensors and schedules ask for.
+
+    One failure stops only what depends on it. In the pipelines run, Dagster skips the steps downstream
+    of a failed blocking check (or of a failed step) and runs every other one. Then each requested run
+    executes unless something it needs, upstream, was left unusable by the pipelines run (its check
+    failed or it was not materialized): that run is held back and reported. Everything is reported in
+    the summary; the caller decides the exit status (`eventide run`: non-zero at the end).
+    """
+    from orchestration.definitions import build_definitions
     from orchestration.sensors import PIPELINES_JOB
 
+    defs = build_definitions(settings.registry)  # the settings' apps (the module-level defs: the environment's)
     instance = dagster_instance(settings)
     summary = RunSummary()
     progress("running the pipelines (bronze, apps, quarantine) through Dagster ...")
     result = defs.resolve_job_def(PIPELINES_JOB).execute_in_process(instance=instance, raise_on_error=False, run_config=QUIET)
-    _collect(result, summary)
+    unusable = _collect(result, summary)
     for name, meta in sorted(summary.materialized.items()):
         if "rows_added" in meta:
             progress(f"  {name}: +{meta['rows_added']} rows, {meta.get('total_rows')} in all")
-    if not summary.ok or not summaries:
+    for f in summary.check_failures:
+        progress(f"  check FAILED: {f.asset} {f.check}")
+    if summary.not_materialized:
+        progress(f"  not materialized (downstream of a failure): {', '.join(summary.not_materialized)}")
+    if not summaries:
         return summary
-    days = days_to_summarize(settings)
-    if days:
-        progress(f"summarizing {len(days)} day(s): {', '.join(days)}")
-    job = defs.resolve_job_def(SUMMARY_JOB) if days else None
-    for day in days:
-        result = job.execute_in_process(instance=instance, partition_key=day, raise_on_error=False, run_config=QUIET)
-        _collect(result, summary, day)
+    progress("asking the apps' sensors and schedules what is due ...")
+    due = due_runs(defs, instance, skip_jobs=(PIPELINES_JOB,))
+    runnable = []
+    for run in due:
+        blocked_by = sorted(k.to_user_string() for k in _needs(defs, run) & unusable)
+        if blocked_by:
+            summary.held_back.append(f"{run.job}{f'[{run.partition_key}]' if run.partition_key else ''} "
+                                     f"(needs {', '.join(blocked_by)})")
+        else:
+            runnable.append(run)
+    for job in dict.fromkeys(r.job for r in runnable):
+        keys = [r.partition_key for r in runnable if r.job == job]
+        progress(f"  {job}: {len(keys)} run(s)" + (f": {', '.join(k for k in keys if k)}" if any(keys) else ""))
+    for held in summary.held_back:
+        progress(f"  held back: {held}")
+    for run in runnable:
+        _collect(execute_due(defs, instance, run), summary, run.partition_key)
     return summary

@@ -2,8 +2,10 @@
 sender) or directly, without a network (`ingest_files`). Both produce the same messages.
 
 Messages of a file follow `transforms.framing.iter_file_messages`: a text file gives one message per
-line with its trailing newline; a `.msg` file is already framed and is sent byte for byte. With
-`end_of_day`, one message whose payload is exactly the marker (`END_OF_DAY`) follows each file.
+line with its trailing newline; a framed file is split into its frames (over TCP: sent byte for byte).
+`framed=None` guesses from the extension (`.msg` = framed) and refuses a file whose content says the
+guess is wrong; `framed=True/False` (`--framed`/`--lines`) is obeyed. With `end_of_day`, one message
+whose payload is exactly the marker (`END_OF_DAY`) follows each file.
 
 Every file is checked before anything is sent or landed, so a bad file in the list does not leave
 half a batch behind.
@@ -16,7 +18,7 @@ import socket
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from transforms.framing import DEFAULT_FRAMING, Framing, iter_file_messages
+from transforms.framing import DEFAULT_FRAMING, Framing, is_framed_file, iter_file_messages
 from transforms.landing import Lander
 from transforms.settings import Settings
 
@@ -24,28 +26,28 @@ _SEND_BATCH_BYTES = 1 << 20  # frame lines into ~1 MiB writes: few syscalls, bou
 
 
 class InputFileError(ValueError):
-    """A file cannot be sent: unreadable, an invalid `.msg` file, or a line over the frame limit."""
+    """A file cannot be sent: unreadable, not in the format it is read as, or a line over the frame limit."""
 
 
 class GatewayUnavailable(ConnectionError):
     """Nothing accepts connections at the address; the message says how to start the gateway."""
 
 
-def _file_messages(path: Path, framing: Framing) -> Iterator[bytes]:
+def _file_messages(path: Path, framing: Framing, framed: bool | None) -> Iterator[bytes]:
     try:
-        yield from iter_file_messages(path, framing)
+        yield from iter_file_messages(path, framing, framed)
     except OSError as e:
         raise InputFileError(f"{path}: cannot read: {e.strerror or e}") from e
-    except ValueError as e:  # iter_file_messages names the file for an invalid .msg file
+    except ValueError as e:  # iter_file_messages names the file (invalid frames, or a likely wrong guess)
         raise InputFileError(str(e)) from e
 
 
-def _check_file(path: Path, framing: Framing) -> int:
+def _check_file(path: Path, framing: Framing, framed: bool | None) -> int:
     """Number of messages in the file; raises InputFileError if it cannot be sent whole."""
     if path.is_dir():
         raise InputFileError(f"{path}: is a directory, expected a file")
     count = 0
-    for count, payload in enumerate(_file_messages(path, framing), start=1):
+    for count, payload in enumerate(_file_messages(path, framing, framed), start=1):
         if len(payload) > framing.max_frame_bytes:
             raise InputFileError(
                 f"{path}: line {count} is {len(payload)} bytes, over the frame limit of "
@@ -54,11 +56,11 @@ def _check_file(path: Path, framing: Framing) -> int:
     return count
 
 
-def _check_files(files: Iterable[str | os.PathLike], framing: Framing) -> list[tuple[Path, int]]:
+def _check_files(files: Iterable[str | os.PathLike], framing: Framing, framed: bool | None) -> list[tuple[Path, int]]:
     paths = [Path(f) for f in files]
     if not paths:
         raise InputFileError("no files given")
-    return [(p, _check_file(p, framing)) for p in paths]
+    return [(p, _check_file(p, framing, framed)) for p in paths]
 
 
 def send_files(
@@ -70,6 +72,7 @@ def send_files(
     framing: Framing = DEFAULT_FRAMING,
     marker: str = "END_OF_DAY",
     timeout: float = 60.0,
+    framed: bool | None = None,
 ) -> int:
     """Send the files' messages over one TCP connection; returns how many messages were sent.
 
@@ -77,7 +80,7 @@ def send_files(
     does only after landing and syncing everything received: when this returns, the messages are
     landed (visible to pipelines once their segment closes, within `segment_max_seconds`).
     """
-    plan = _check_files(files, framing)
+    plan = _check_files(files, framing, framed)
     marker_frame = framing.encode(marker.encode())
     where = f"{host}:{port}"
     try:
@@ -93,10 +96,10 @@ def send_files(
     with sock:
         try:
             for path, count in plan:
-                if path.suffix == ".msg":
+                if is_framed_file(path, framed):
                     sock.sendall(path.read_bytes())  # already framed and checked: byte for byte
                 else:
-                    for chunk in _framed_chunks(_file_messages(path, framing), framing):
+                    for chunk in _framed_chunks(_file_messages(path, framing, False), framing):
                         sock.sendall(chunk)
                 sent += count
                 if end_of_day:
@@ -145,6 +148,7 @@ def ingest_files(
     files: Iterable[str | os.PathLike],
     end_of_day: bool = False,
     lander: Lander | None = None,
+    framed: bool | None = None,
 ) -> int:
     """Land the files' messages through a Lander, without a network; returns how many were landed.
 
@@ -153,7 +157,7 @@ def ingest_files(
     """
     settings.group_of(stream)  # an unknown stream fails before anything is read
     framing = Framing(settings.header_length, settings.length_fmt, settings.max_frame_bytes)
-    plan = _check_files(files, framing)
+    plan = _check_files(files, framing, framed)
     marker = settings.marker.encode()
     own_lander = lander is None
     if own_lander:
@@ -162,7 +166,7 @@ def ingest_files(
     try:
         for path, _count in plan:
             connection = f"file:{path.name}"
-            for payload in _file_messages(path, framing):
+            for payload in _file_messages(path, framing, is_framed_file(path, framed)):
                 lander.append(stream, payload, connection)
                 landed += 1
             if end_of_day:

@@ -5,7 +5,7 @@ import json
 
 import dagster as dg
 
-from orchestration.resources import EventideSettings
+from assets.resources import EventideSettings
 from transforms.landing import list_segments
 
 PIPELINES_JOB = "pipelines_job"
@@ -13,14 +13,15 @@ PIPELINES_JOB = "pipelines_job"
 
 @dg.sensor(job_name=PIPELINES_JOB, minimum_interval_seconds=30, default_status=dg.DefaultSensorStatus.RUNNING)
 def new_segments_sensor(context: dg.SensorEvaluationContext, eventide: EventideSettings):
-    """Starts the pipelines when landing has closed segments newer than the last run saw."""
+    """Starts the pipelines when the landing log of any registered stream has closed segments newer
+    than the last run saw."""
     settings = eventide.get()
     seen = json.loads(context.cursor) if context.cursor else {}
     latest = {}
-    for group in sorted(set(settings.stream_groups.values())):
-        segs = list_segments(settings, group)
+    for log in sorted(settings.registry.logs):
+        segs = list_segments(settings, log)
         if segs:
-            latest[group] = segs[-1].name
+            latest[log] = segs[-1].name
     new = {g: n for g, n in latest.items() if n > seen.get(g, "")}
     if not new:
         return dg.SkipReason("no new closed landing segments")

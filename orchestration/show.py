@@ -1,7 +1,13 @@
-"""`eventide show`: print a Delta table as a table, CSV or JSON lines."""
+"""`eventide show`: print a Delta table as a table, CSV or JSON lines.
+
+Binary columns (a quarantined payload) print so that the bytes can be recovered exactly: in CSV and
+JSON as base64 under the column's name plus `_base64`; in the table as a Python bytes literal
+(`b'\\xff'` is one byte, `b'\\\\xff'` four), readable for text payloads and never ambiguous.
+"""
 
 from __future__ import annotations
 
+import base64
 import json
 
 import pyarrow as pa
@@ -9,13 +15,25 @@ import pyarrow as pa
 from transforms import lake
 from transforms.settings import ConfigError, Settings
 
+BASE64_SUFFIX = "_base64"
+
+
+def _is_binary(t: pa.DataType) -> bool:
+    return pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t)
+
 
 def _text(v):
-    if isinstance(v, (bytes, bytearray)):
-        return bytes(v).decode("utf-8", "backslashreplace")
     if hasattr(v, "isoformat"):
         return v.isoformat()
     return v
+
+
+def _base64(v: bytes | None) -> str | None:
+    return None if v is None else base64.b64encode(v).decode("ascii")
+
+
+def _literal(v: bytes | None) -> str | None:
+    return None if v is None else repr(bytes(v))
 
 
 def show_table(settings: Settings, table: str, fmt: str = "table", where: str | None = None, limit: int | None = None) -> str:
@@ -29,12 +47,17 @@ def show_table(settings: Settings, table: str, fmt: str = "table", where: str | 
         data = data.sort_by([(c, "ascending") for c in sort])
     if limit is not None:
         data = data.slice(0, limit)
-    rows = [{k: _text(v) for k, v in r.items()} for r in data.to_pylist()]
+    binary = {f.name for f in data.schema if _is_binary(f.type)}
+    exact = fmt in ("json", "csv")  # machine formats: base64, under a name that says so
+    columns = [c + BASE64_SUFFIX if c in binary and exact else c for c in data.column_names]
+    as_binary = _base64 if exact else _literal
+    rows = [{name: (as_binary(v) if k in binary else _text(v)) for name, (k, v) in zip(columns, r.items())}
+            for r in data.to_pylist()]
     if fmt == "json":
         return "".join(json.dumps(r, default=str) + "\n" for r in rows)
     import pandas as pd
 
-    df = pd.DataFrame(rows, columns=data.column_names)
+    df = pd.DataFrame(rows, columns=columns)
     if fmt == "csv":
         return df.to_csv(index=False)
-    return (df.to_string(index=False) if len(df) else f"(no rows; columns: {', '.join(data.column_names)})") + "\n"
+    return (df.to_string(index=False) if len(df) else f"(no rows; columns: {', '.join(columns)})") + "\n"

@@ -1,6 +1,6 @@
 """The application API: Wallaroo-style plain-Python apps.
 
-    @decoder(schema=...)                   payload bytes -> message (any record-like object)
+    @decoder(schema=...)                   payload bytes -> message (any record-like object) | Reject(reason)
     @computation("name")                   message -> message | None
     @computation_multi("name")             message -> list of messages
     @state_computation("name", state=Cls)  (message, state) -> output | list | None | (output, changed)
@@ -18,7 +18,9 @@ Pipelines: `source("text").to(split).key_by(word_of).to(count).to_sink(DeltaSink
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import inspect
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,8 +33,33 @@ class UserFunctionError(TypeError):
 
 
 # -- decorators ------------------------------------------------------------------------------------
+def _load_by_reference(module: str, qualname: str) -> Any:
+    obj: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+class _ByReference:
+    """A decorated function pickles as "module.name" when that names it, so Spark's workers import the
+    app's module instead of receiving a copy of the function and its globals (a global such as a
+    `struct.Struct` cannot be copied). Functions of scripts (`__main__`) and local ones go by value."""
+
+    def __reduce_ex__(self, protocol):
+        fn = getattr(self, "fn", None)
+        module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
+        if module and module != "__main__" and "<locals>" not in qualname and module in sys.modules:
+            try:
+                named = _load_by_reference(module, qualname)
+            except AttributeError:
+                named = None
+            if named is self:
+                return _load_by_reference, (module, qualname)
+        return super().__reduce_ex__(protocol)
+
+
 @dataclass(frozen=True)
-class Decoder:
+class Decoder(_ByReference):
     fn: Callable[[bytes], Any]
     name: str
     schema: pa.Schema | None = None
@@ -78,7 +105,21 @@ def decoder(
 
 
 @dataclass(frozen=True)
-class Encoder:
+class Reject:
+    """What a decoder returns for a payload it refuses for its content (a price below zero, say):
+    the payload goes to `quarantine` with `reason` word for word, as when the decoder raises (the
+    reason is then the error and where it was raised). A column form says the same with the reason
+    in its `_error` column."""
+
+    reason: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.reason, str) or not self.reason:
+            raise UserFunctionError(f"Reject(reason) takes a non-empty str, got {self.reason!r}")
+
+
+@dataclass(frozen=True)
+class Encoder(_ByReference):
     fn: Callable[[Any], bytes]
     name: str
 
@@ -99,7 +140,7 @@ def encoder(fn: Callable | None = None, *, name: str | None = None):
 
 
 @dataclass(frozen=True)
-class Computation:
+class Computation(_ByReference):
     fn: Callable
     name: str
     multi: bool = False
@@ -138,20 +179,36 @@ def computation_multi(name: str):
 
 
 @dataclass(frozen=True)
-class StateComputation:
+class StateComputation(_ByReference):
     fn: Callable
     name: str
     state: type
     batch: bool = False
-    # Optional timer hook: on_timer(key, state, ctx) -> outputs, for wall-clock/event-time windows.
+    # Optional timer hook: on_timer(key, state, expiry_ms[, ctx]) -> outputs (see `Context`).
     on_timer: Callable | None = None
+    # True when `fn` takes a third parameter, the `Context` (key, time, timers) of the call.
+    with_context: bool = False
 
     @property
     def state_name(self) -> str:
         return f"{self.state.__module__}.{self.state.__qualname__}"
 
-    def apply(self, msg: Any, state: Any) -> list:
-        return normalize_outputs(self.name, self.fn(msg, state))
+    def apply(self, msg: Any, state: Any, ctx: Context | None = None) -> list:
+        return normalize_outputs(self.name, self.call(msg, state, ctx))
+
+    def call(self, msg_or_frame: Any, state: Any, ctx: Context | None = None) -> Any:
+        """Call `fn` as declared: with the context only when it takes one."""
+        if self.with_context:
+            return self.fn(msg_or_frame, state, ctx)
+        return self.fn(msg_or_frame, state)
+
+    def fire_timer(self, key: str, state: Any, expiry_ms: int, ctx: Context | None = None) -> list:
+        """Call `on_timer` for a timer of `key` that expired at `expiry_ms`; its outputs."""
+        if self.on_timer is None:
+            return []
+        if _n_params(self.on_timer) == 4:
+            return normalize_outputs(self.name, self.on_timer(key, state, expiry_ms, ctx))
+        return normalize_outputs(self.name, self.on_timer(key, state, expiry_ms))
 
 
 def normalize_outputs(name: str, out: Any) -> list:
@@ -168,17 +225,30 @@ def normalize_outputs(name: str, out: Any) -> list:
 def state_computation(name: str, state: type, *, batch: bool = False, on_timer: Callable | None = None):
     """`f(message, state)` with the state object of the message's key (created by `state()`).
 
-    `batch=True`: `f(df, state)` gets the key's messages as a DataFrame in sequence order and returns
-    the outputs as a DataFrame (or a list of records).
+    `f(message, state, ctx)` also gets the call's `Context`: its key, processing time, watermark,
+    the message's sequence number, and `ctx.register_timer(at_ms)`. `on_timer(key, state, expiry_ms)`
+    (or `(key, state, expiry_ms, ctx)`) is called when a timer of the key fires; its outputs go to the
+    sinks like `f`'s. Declaring `on_timer` runs the pipeline's stateful step with processing-time timers.
+
+    `batch=True`: `f(df, state)` / `f(df, state, ctx)` gets the key's messages as a DataFrame in
+    sequence order (column `_seq`) and returns the outputs as a DataFrame (or a list of records).
     """
     if not callable(state):
         raise TypeError(f"state_computation {name!r}: state must be a class, got {state!r}")
+    if on_timer is not None and (not callable(on_timer) or _n_params(on_timer) not in (3, 4)):
+        raise TypeError(
+            f"state_computation {name!r}: on_timer must be a function of (key, state, expiry_ms) or "
+            f"(key, state, expiry_ms, ctx), got {on_timer!r}"
+        )
 
     def wrap(f: Callable) -> StateComputation:
-        n_params = len(inspect.signature(f).parameters)
-        if n_params != 2:
-            raise TypeError(f"state_computation {name!r}: {f.__name__} must take (message, state), takes {n_params}")
-        return StateComputation(f, name, state, batch, on_timer)
+        n_params = _n_params(f)
+        if n_params not in (2, 3):
+            raise TypeError(
+                f"state_computation {name!r}: {f.__name__} must take (message, state) or (message, state, ctx), "
+                f"takes {n_params}"
+            )
+        return StateComputation(f, name, state, batch, on_timer, with_context=n_params == 3)
 
     return wrap
 
@@ -202,6 +272,40 @@ def to_record(obj: Any) -> dict:
     if hasattr(obj, "_asdict"):
         return obj._asdict()
     return {"value": obj}
+
+
+# -- checks -----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Check:
+    """A check on a Delta sink's table: great-expectations `expectations` validated against the whole
+    table, or a plain function `fn(df) -> bool | (bool, dict)` of the table as a pandas DataFrame
+    (the dict is shown with the result). Failing blocks everything downstream of the table."""
+
+    name: str
+    fn: Callable[[Any], Any] | None = None
+    expectations: tuple = ()
+    description: str = ""
+    blocking: bool = True
+
+    def __post_init__(self) -> None:
+        if (self.fn is None) == (not self.expectations):
+            raise ValueError(f"check {self.name!r}: give either a function or expectations, not both or neither")
+
+
+def check(name: str | None = None, *, description: str = "", blocking: bool = True):
+    """Decorate `f(df) -> bool | (bool, metadata dict)`: a check of a Delta sink's table.
+    `f(df, settings)` also gets the settings, to compare with another table (`settings.table_path`)."""
+
+    def wrap(f: Callable) -> Check:
+        return Check(name or f.__name__, fn=f, description=description or (f.__doc__ or "").strip(), blocking=blocking)
+
+    return wrap
+
+
+def expect(name: str, *expectations, description: str = "", blocking: bool = True) -> Check:
+    """A check made of great-expectations expectations, e.g.
+    `expect("positive", gx.expectations.ExpectColumnValuesToBeBetween(column="count", min_value=1))`."""
+    return Check(name, expectations=tuple(expectations), description=description, blocking=blocking)
 
 
 # -- sinks ------------------------------------------------------------------------------------------
@@ -231,8 +335,13 @@ class DeltaSink:
     accepts: Accepts = None
     metadata: Sequence[str] = ()
     partition_by: Sequence[str] = ()
+    # Checks on the table, run after every materialization as blocking Dagster asset checks.
+    checks: Sequence[Check] = ()
 
     def __post_init__(self) -> None:
+        for c in self.checks:
+            if not isinstance(c, Check):
+                raise TypeError(f"DeltaSink {self.table!r}: checks take Check objects (see transforms.api.check), got {c!r}")
         if self.mode not in ("append", "upsert"):
             raise ValueError(f"DeltaSink {self.table!r}: mode must be 'append' or 'upsert', got {self.mode!r}")
         if self.mode == "upsert" and not self.keys:
@@ -252,9 +361,11 @@ class TCPSink:
 
     name: str
     encoder: Encoder
-    address: str | None = None  # None: from EVENTIDE_SINK_<NAME> at run time; unset = sink disabled
+    address: str | None = None  # None: from EVENTIDE_SINK_<NAME> at run time
     framed: bool = False
     accepts: Accepts = None
+    # True: send only when an address is set (else the sink is off). False: no address stops the app at start.
+    optional: bool = False
 
     def wants(self, out: Any) -> bool:
         return _accepts(self.accepts, out)
@@ -267,17 +378,27 @@ Sink = DeltaSink | TCPSink
 @dataclass(frozen=True)
 class Pipeline:
     stream: str
-    decoder: Decoder | None = None  # None: the stream's own decoder (transforms.streams)
+    decoder: Decoder | None = None  # None: the decoder another registered app declares for the stream
     steps: tuple = ()  # Computation (before the key), then after key_by: StateComputation, Computations
     key_fn: Callable | None = None
     sinks: tuple = ()
     name: str | None = None
+    port: int | None = None  # the gateway port for this stream (EVENTIDE_PORTS overrides; None: assigned)
+    bronze_table: str | None = None  # default: bronze_<stream>
 
     def to(self, step: Computation | StateComputation) -> Pipeline:
         if isinstance(step, StateComputation) and self.key_fn is None:
             raise ValueError(f"pipeline {self.stream!r}: key_by(...) must come before state computation {step.name!r}")
         if not isinstance(step, (Computation, StateComputation)):
             raise TypeError(f"pipeline {self.stream!r}: .to() takes a computation or state computation, got {step!r}")
+        if isinstance(step, StateComputation) and self.post_steps:
+            first = self.post_steps[0]
+            raise ValueError(
+                f"pipeline {self.stream!r}: state computation {step.name!r} comes after "
+                f"{'state computation' if isinstance(first, StateComputation) else 'step'} {first.name!r}; "
+                "Eventide runs one state computation per key_by, first after it. Fold both into one state "
+                "computation (its state class can hold both states)."
+            )
         return dataclasses.replace(self, steps=(*self.steps, step))
 
     def key_by(self, fn: Callable[[Any], Any] | str) -> Pipeline:
@@ -316,9 +437,20 @@ class KeyMark:
     """Where key_by sits in a pipeline's steps."""
 
 
-def source(stream: str, decoder: Decoder | None = None) -> Pipeline:
-    """A pipeline reading a landed stream (TCP through the gateway, or files through `ingest`)."""
-    return Pipeline(stream=stream, decoder=decoder)
+def source(stream: str, decoder: Decoder | None = None, *, port: int | None = None,
+           bronze_table: str | None = None) -> Pipeline:
+    """A pipeline reading a landed stream (TCP through the gateway, or files through `ingest`).
+
+    Declaring a source declares its stream: `decoder` turns each payload into a message (another app
+    reading the same stream may omit it, or must give the same one), `port` is the gateway's port for
+    it (else `EVENTIDE_PORTS`, else a free port, printed by `eventide serve`), `bronze_table` names the
+    stream's decoded copy (default `bronze_<stream>`).
+    """
+    if not isinstance(stream, str) or not stream.isidentifier():
+        raise ValueError(f"source({stream!r}): a stream name is a Python-style identifier, e.g. 'temps'")
+    if decoder is not None and not isinstance(decoder, Decoder):
+        raise TypeError(f"source({stream!r}): decoder must be made with @decoder, got {decoder!r}")
+    return Pipeline(stream=stream, decoder=decoder, port=port, bronze_table=bronze_table)
 
 
 @dataclass(frozen=True)
@@ -354,7 +486,11 @@ def merge(*pipelines: Pipeline) -> Merged:
 
 @dataclass(frozen=True)
 class Application:
-    """A named set of pipelines. Each pipeline (or merged group) compiles to one Spark query."""
+    """A named set of pipelines. Each pipeline (or merged group) compiles to one Spark query.
+
+    `dagster_defs` names (`module:attribute`) a `dagster.Definitions` of the app's own extra assets,
+    checks, sensors or schedules (the log app's daily summaries): the composition root merges it.
+    """
 
     name: str
     pipelines: tuple = field(default_factory=tuple)
@@ -363,16 +499,30 @@ class Application:
     description: str = ""
     # Bronze queries also quarantine what the gateway could not frame (apps skip it: counted once).
     quarantine_landing_errors: bool = False
+    dagster_defs: str | None = None
 
     def __init__(self, name: str, *pipelines: Pipeline | Merged, generation: int = 1, description: str = "",
-                 quarantine_landing_errors: bool = False):
+                 quarantine_landing_errors: bool = False, dagster_defs: str | None = None):
+        if not isinstance(name, str) or not name.replace("-", "_").isidentifier():
+            raise ValueError(f"application name {name!r}: use letters, digits and underscores, e.g. 'temps'")
         if not pipelines:
             raise ValueError(f"application {name!r} has no pipelines")
+        for p in pipelines:
+            if not isinstance(p, (Pipeline, Merged)):
+                raise TypeError(f"application {name!r}: expected pipelines (source(...)...), got {p!r}")
         object.__setattr__(self, "name", name)
         object.__setattr__(self, "pipelines", tuple(pipelines))
         object.__setattr__(self, "generation", generation)
         object.__setattr__(self, "description", description)
         object.__setattr__(self, "quarantine_landing_errors", quarantine_landing_errors)
+        object.__setattr__(self, "dagster_defs", dagster_defs)
+
+    def sources(self) -> list[Pipeline]:
+        """Every source pipeline (merged ones flattened), in declaration order."""
+        out: list[Pipeline] = []
+        for p in self.pipelines:
+            out.extend(p.branches if isinstance(p, Merged) else (p,))
+        return out
 
     def sinks(self) -> list[Sink]:
         out: list[Sink] = []
@@ -381,9 +531,46 @@ class Application:
         return out
 
     def streams(self) -> list[str]:
-        out: list[str] = []
-        for p in self.pipelines:
-            for b in p.branches if isinstance(p, Merged) else (p,):
-                if b.stream not in out:
-                    out.append(b.stream)
-        return out
+        return list(dict.fromkeys(b.stream for b in self.sources()))
+
+
+# -- the context of a state computation call ----------------------------------------------------------
+def _n_params(f: Callable) -> int:
+    return len(inspect.signature(f).parameters)
+
+
+@dataclass
+class Context:
+    """What a state computation (`f(message, state, ctx)`) or timer hook knows about its call.
+
+    - `key`: the key whose state this is (what `key_by` gave, as a string);
+    - `processing_time_ms`: the wall clock of the micro-batch (Spark's batch timestamp), in ms;
+    - `watermark_ms`: Spark's event-time watermark (0: the query defines none);
+    - `seq`: the landing sequence number of the message (one-message form; None in batch form and
+      in `on_timer`, where a batch's messages carry theirs in the `_seq` column);
+    - `register_timer(at_ms)`: call the state computation's `on_timer(key, state, at_ms[, ctx])` once
+      processing time reaches `at_ms`. Only for state computations declared with `on_timer`.
+
+    Timers fire in micro-batches: under `eventide run` every run of a query with timers ends with one
+    batch without new messages, which fires every timer due by then (also of keys that got no new
+    message); a timer due later fires in the first run after it is due. Under the Dagster service the
+    pipelines run when new messages land (`new_segments_sensor`), so there a timer fires in the first
+    such run after it is due: a quiet system fires it with the next message landed or `eventide run`.
+
+    Tests may build one: `Context(key="k", processing_time_ms=1000)` (timers then raise).
+    """
+
+    key: str
+    processing_time_ms: int = 0
+    watermark_ms: int = 0
+    seq: int | None = None
+    handle: Any = field(default=None, repr=False, compare=False)  # Spark's processor handle, for timers
+
+    def register_timer(self, at_ms: int) -> None:
+        """Call `on_timer` of the state computation when processing time reaches `at_ms` (ms)."""
+        if self.handle is None:
+            raise RuntimeError(
+                f"register_timer({at_ms}) for key {self.key!r}: timers need a state computation declared with "
+                "on_timer=... (@state_computation(name, state=..., on_timer=fn)), run by the engine"
+            )
+        self.handle.registerTimer(int(at_ms))

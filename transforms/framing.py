@@ -1,6 +1,7 @@
 """Wallaroo's wire protocol: a fixed-size length header (default 4 bytes, big-endian `>I`), then the payload.
 
-The one implementation used by the gateway, the sender, `ingest` and the decoders.
+The one implementation used by the gateway, the sender, `ingest` and the decoders, and the reading of
+input files (`iter_file_messages`: framed files or text lines).
 """
 
 from __future__ import annotations
@@ -11,19 +12,29 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 
+# Reasons count payload bytes (what the header announces, what arrived), never header bytes with them.
 class FrameTooLarge(ValueError):
-    def __init__(self, length: int, limit: int):
-        super().__init__(f"frame length {length} exceeds the limit of {limit} bytes")
+    """A frame whose payload is over the limit: announced by a received header, or to be sent (`announced=False`)."""
+
+    def __init__(self, length: int, limit: int, announced: bool = True):
+        what = f"frame header announces {length} payload bytes" if announced else f"payload of {length} bytes"
+        super().__init__(f"{what}, over the limit of {limit}")
         self.length = length
         self.limit = limit
 
 
 class TruncatedFrame(ValueError):
-    def __init__(self, partial: bytes, expected: int | None):
-        what = "header" if expected is None else f"payload ({len(partial)} of {expected} bytes)"
-        super().__init__(f"stream ended inside a frame: incomplete {what}")
+    """The input ended inside a frame: `partial` holds its bytes as received (header included)."""
+
+    def __init__(self, partial: bytes, expected: int | None, header_length: int = 4):
+        if expected is None:
+            why = f"frame header incomplete: only {len(partial)} of its {header_length} bytes arrived"
+        else:
+            why = f"frame announced {expected} payload bytes, only {len(partial) - header_length} arrived"
+        super().__init__(why)
         self.partial = partial
         self.expected = expected
+        self.header_length = header_length
 
 
 @dataclass(frozen=True)
@@ -38,7 +49,7 @@ class Framing:
 
     def encode(self, payload: bytes) -> bytes:
         if len(payload) > self.max_frame_bytes:
-            raise FrameTooLarge(len(payload), self.max_frame_bytes)
+            raise FrameTooLarge(len(payload), self.max_frame_bytes, announced=False)
         return struct.pack(self.length_fmt, len(payload)) + payload
 
     def encode_many(self, payloads: Iterable[bytes]) -> bytes:
@@ -108,25 +119,95 @@ class FrameDecoder:
             expected = None
             if len(self._buf) >= hl:
                 (expected,) = struct.unpack_from(self.framing.length_fmt, self._buf, 0)
-            raise TruncatedFrame(bytes(self._buf), expected)
+            raise TruncatedFrame(bytes(self._buf), expected, hl)
 
 
-def iter_file_messages(path, framing: Framing = DEFAULT_FRAMING) -> Iterator[bytes]:
+class FramingMismatch(ValueError):
+    """A file read by its extension's guess looks like the other format; the message says which flag to pass."""
+
+
+def is_framed_file(path, framed: bool | None = None) -> bool:
+    """How a file is read: `framed` when given, else guessed from the extension (`.msg` = framed)."""
+    from pathlib import Path
+
+    return framed if framed is not None else Path(path).suffix == ".msg"
+
+
+def iter_file_messages(path, framing: Framing = DEFAULT_FRAMING, framed: bool | None = None) -> Iterator[bytes]:
     """Messages of a file the way Wallaroo's sender sent them.
 
-    `.msg` files are already framed and are split into their frames; any other file yields one
-    message per line with its trailing newline kept (LF or CRLF). A final line without a newline
-    is sent as is.
+    Framed files are split into their frames; text files yield one message per line with its trailing
+    newline kept (LF or CRLF); a final line without a newline is sent as is. `framed=None` guesses from
+    the extension (`.msg` = framed, else lines) and raises FramingMismatch when the content says the
+    guess is likely wrong (a text file named .msg, frames named .txt); an explicit `framed` is obeyed.
     """
     from pathlib import Path
 
     path = Path(path)
     data = path.read_bytes()
-    if path.suffix == ".msg":
+    guessed = framed is None
+    if is_framed_file(path, framed):
         try:
-            yield from framing.split(data)
+            frames = framing.split(data)
         except (TruncatedFrame, FrameTooLarge) as e:
-            raise ValueError(f"{path}: not a valid framed .msg file: {e}") from e
+            why = _not_framed_reason(data, framing) if guessed else None
+            if why:
+                raise FramingMismatch(f"{path} does not look framed ({why}): it looks like text lines; pass --lines") from e
+            raise ValueError(f"{path}: not a valid framed file: {e}") from e
+        yield from frames
         return
+    if guessed:
+        why = _binary_reason(data, framing)
+        if why:
+            raise FramingMismatch(
+                f"{path} looks like length-prefixed frames, not text lines ({why}); pass --framed "
+                "(or --lines to send it as text anyway)"
+            )
     # Split on LF only (like Wallaroo's sender): CRLF lines stay whole, a lone CR stays inside its line.
     yield from io.BytesIO(data).readlines()
+
+
+_TEXT_BYTES = frozenset(range(0x20, 0x7F)) | {0x09, 0x0A, 0x0D}
+
+
+def _not_framed_reason(data: bytes, framing: Framing) -> str | None:
+    """Why a file that failed to split is probably not frames at all, or None (then: a broken framed file)."""
+    hl = framing.header_length
+    if len(data) < hl:
+        return f"{len(data)} bytes, shorter than one {hl}-byte length header"
+    if all(b in _TEXT_BYTES for b in data[:hl]):
+        return f"it starts with text {data[:hl]!r}, not a length header"
+    (length,) = struct.unpack_from(framing.length_fmt, data, 0)
+    if length > framing.max_frame_bytes:
+        return f"its first length header says {length} bytes, over the frame limit of {framing.max_frame_bytes}"
+    if hl + length > len(data):
+        return f"its first length header says {length} bytes but the file has {len(data) - hl} after it"
+    return None
+
+
+def _binary_reason(data: bytes, framing: Framing) -> str | None:
+    """Why a file to be read as text lines looks like frames (or binary), or None."""
+    frames = _tiling_frames(data, framing)
+    if frames:
+        return f"{frames} frames with {framing.header_length}-byte length headers tile it exactly"
+    nul = data.find(b"\0")
+    if nul >= 0:
+        return f"it is binary: a NUL byte at offset {nul}"
+    return None
+
+
+def _tiling_frames(data: bytes, framing: Framing) -> int:
+    """How many frames tile `data` exactly (0 if they do not): each header plausible, none left over."""
+    hl, fmt, limit = framing.header_length, framing.length_fmt, framing.max_frame_bytes
+    if all(b in _TEXT_BYTES for b in data[:hl]):
+        return 0  # a text start is not a plausible header (with 4 bytes it is over any sane limit anyway)
+    pos = count = 0
+    while pos < len(data):
+        if len(data) - pos < hl:
+            return 0
+        (length,) = struct.unpack_from(fmt, data, pos)
+        if length > limit:
+            return 0
+        pos += hl + length
+        count += 1
+    return count if pos == len(data) else 0

@@ -10,12 +10,13 @@ the interpreter at exit (delta-rs #2184).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, QueryBuilder, Transaction, write_deltalake
-from deltalake.exceptions import TableNotFoundError
+from deltalake.exceptions import CommitFailedError, TableNotFoundError
 
 
 def exists(path: str | Path) -> bool:
@@ -97,6 +98,52 @@ def merge_once(
         .execute()
     )
     return True
+
+
+def insert_new_once(
+    path: str | Path,
+    data: pa.Table,
+    keys: Sequence[str],
+    app_id: str,
+    batch_id: int,
+    prune: str | None = None,
+    retries: int = 5,
+) -> bool:
+    """Insert the rows of `data` whose `keys` are not in the table yet (the first writer of a key wins;
+    a stored row is never updated), as batch `batch_id` of `app_id`, exactly once. Returns True if it
+    committed. An empty `data` still commits, recording the batch.
+
+    `prune`: an SQL condition on the target alias `t` that every matching row meets (e.g. a seq
+    range), so the merge reads only the files that may hold them. Writers of other queries may commit
+    at the same time (several queries write one quarantine table): a conflicting commit is retried, the
+    app transaction checked again first, so a retry never inserts twice.
+    """
+    data = _last_per_key(data, keys, []) if data.num_rows else data
+    for attempt in range(retries + 1):
+        done = committed_batch(path, app_id)
+        if done is not None and done >= batch_id:
+            return False
+        try:
+            if exists(path) and data.num_rows:
+                predicate = " AND ".join([f"t.{k} = s.{k}" for k in keys] + ([f"({prune})"] if prune else []))
+                metrics = (
+                    DeltaTable(str(path))
+                    .merge(data, predicate, source_alias="s", target_alias="t",
+                           commit_properties=_commit(app_id, batch_id, None))
+                    .when_not_matched_insert_all()
+                    .execute()
+                )
+                if metrics.get("num_target_rows_inserted", 0):
+                    return True
+                data = data.slice(0, 0)  # every key was there: delta-rs did not commit; record the batch
+            write_deltalake(str(path), data, mode="append", schema_mode="merge",
+                            commit_properties=_commit(app_id, batch_id, None))
+            return True
+        except CommitFailedError:
+            if attempt == retries:
+                raise
+            time.sleep(0.05 * 2**attempt)
+    return False  # not reached
 
 
 def _last_per_key(data: pa.Table, keys: Sequence[str], order_by: Sequence[str]) -> pa.Table:

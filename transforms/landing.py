@@ -68,7 +68,7 @@ def parse_segment_name(name: str) -> tuple[int, int] | None:
 
 def list_segments(settings: Settings, group: str | None = None) -> list[Path]:
     root = settings.landing
-    groups = [group] if group else sorted({*settings.stream_groups.values()})
+    groups = [group] if group else sorted(settings.registry.logs)
     out: list[Path] = []
     for g in groups:
         d = root / g
@@ -178,7 +178,7 @@ class Lander:
         return last
 
     def _torn_stream(self, group: str) -> str:
-        streams = self.settings.streams_in(group)
+        streams = self.settings.registry.logs.get(group, [])
         return streams[0] if streams else group
 
     # -- writing -------------------------------------------------------------------------------

@@ -1,7 +1,9 @@
 """The one settings object. Every field can be set by an environment variable `EVENTIDE_<FIELD>`.
 
+`Settings()` reads the environment; keyword arguments override it (`Settings(home=Path("x"))`).
 Embedded defaults need no configuration: everything lives under `EVENTIDE_HOME` (default
-`./.eventide`), Spark runs as `local[*]`, the gateway listens on loopback.
+`./.eventide`), Spark runs as `local[*]`, the gateway listens on loopback, and the registered apps
+(`EVENTIDE_APPS`) are the bundled examples.
 """
 
 from __future__ import annotations
@@ -17,14 +19,16 @@ class ConfigError(ValueError):
     """A setting has a value Eventide cannot use. The message names the variable and what is expected."""
 
 
-# Streams that share keyed state share one sequence group: one landing folder, one ordered log.
-DEFAULT_STREAM_GROUPS = {"logs": "logs", "market_data": "market", "orders": "market", "text": "text"}
-DEFAULT_PORTS = {"logs": 7101, "market_data": 7102, "orders": 7103, "text": 7104}
+DEFAULT_APPS = "examples.logs:app,examples.market:app,examples.words:app"
+# Fields that are not read from the environment.
+_NOT_FROM_ENV = ("app_registry",)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Settings:
     home: Path = Path(".eventide")
+    # The registered applications: comma-separated `module:attribute` entries.
+    apps: str = DEFAULT_APPS
     # Spark: `local[*]` embedded, a `spark://host:port` master, or a Spark Connect URL (`sc://host:15002`).
     spark_master: str = "local[*]"
     spark_remote: str = ""
@@ -33,8 +37,8 @@ class Settings:
     spark_driver_memory: str = "4g"  # each micro-batch's outputs are collected on the driver
     # Gateway
     bind_host: str = "127.0.0.1"
-    ports: dict[str, int] = field(default_factory=lambda: dict(DEFAULT_PORTS))
-    stream_groups: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_STREAM_GROUPS))
+    # Ports by stream, over what the apps' sources declare (`temps=7201,logs=7101`); 0 = a free port.
+    ports: dict[str, int] = field(default_factory=dict)
     header_length: int = 4
     length_fmt: str = ">I"
     max_frame_bytes: int = 1 << 20
@@ -49,6 +53,25 @@ class Settings:
     # Daily summaries
     partitions_start: str = "2004-03-01"
     day_grace_hours: float = 6.0
+    # A registry given as an object (the testing helper) instead of loaded from `apps`.
+    app_registry: object = field(default=None, compare=False, repr=False)
+
+    def __init__(self, **values):
+        """Defaults, then `EVENTIDE_*` from the environment, then `values`; ConfigError on a bad value."""
+        merged = {**_read_env(os.environ), **values}
+        names = {f.name for f in dataclasses.fields(self)}
+        unknown = set(merged) - names
+        if unknown:
+            raise TypeError(f"Settings has no field(s) {sorted(unknown)}")
+        for f in dataclasses.fields(self):
+            if f.name in merged:
+                value = merged[f.name]
+            elif f.default_factory is not dataclasses.MISSING:
+                value = f.default_factory()
+            else:
+                value = f.default
+            object.__setattr__(self, f.name, value)
+        self.validate()
 
     # -- derived paths -------------------------------------------------------------------------
     @property
@@ -70,33 +93,39 @@ class Settings:
     def table_path(self, name: str) -> Path:
         return self.lake / name
 
-    def group_of(self, stream: str) -> str:
-        try:
-            return self.stream_groups[stream]
-        except KeyError:
-            known = ", ".join(sorted(self.stream_groups))
-            raise ConfigError(f"unknown stream {stream!r}; known streams: {known}") from None
+    # -- the registered apps and what follows from them ------------------------------------------
+    @property
+    def registry(self):
+        """The registered apps (transforms.registry.Registry), loaded once per process."""
+        if self.app_registry is not None:
+            return self.app_registry
+        from transforms.registry import load_registry, parse_entries
 
-    def streams_in(self, group: str) -> list[str]:
-        return [s for s, g in self.stream_groups.items() if g == group]
+        return load_registry(parse_entries(self.apps))
+
+    def group_of(self, stream: str) -> str:
+        """The landing log a stream lands in (shared by streams merged into one keyed state)."""
+        return self.registry.stream(stream).log
+
+    def port_of(self, stream: str) -> int:
+        """The gateway port of a stream: EVENTIDE_PORTS, else the source's, else 0 (a free port)."""
+        if stream in self.ports:
+            return self.ports[stream]
+        return self.registry.stream(stream).port or 0
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
-        """Read `EVENTIDE_*` variables; a bad value raises ConfigError naming the variable."""
-        env = os.environ if env is None else env
-        values: dict[str, object] = {}
-        for f in dataclasses.fields(cls):
-            var = f"EVENTIDE_{f.name.upper()}"
-            if var not in env:
-                continue
-            raw = env[var]
-            try:
-                values[f.name] = _parse(f.name, raw)
-            except (ValueError, TypeError) as e:
-                raise ConfigError(f"{var}={raw!r}: {e}") from None
-        settings = cls(**values)
-        settings.validate()
-        return settings
+        """Settings from `env` (default: the environment) alone."""
+        if env is None:
+            return cls()
+        values = _read_env(env)
+        names = [f.name for f in dataclasses.fields(cls)]
+        return cls(**{n: values.get(n, cls._default(n)) for n in names})
+
+    @classmethod
+    def _default(cls, name: str):
+        f = next(f for f in dataclasses.fields(cls) if f.name == name)
+        return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
 
     def validate(self) -> None:
         if self.header_length not in (1, 2, 4, 8):
@@ -116,15 +145,30 @@ class Settings:
             raise ConfigError("EVENTIDE_MAX_FRAME_BYTES must be positive")
         if self.spark_shuffle_partitions <= 0:
             raise ConfigError("EVENTIDE_SPARK_SHUFFLE_PARTITIONS must be positive")
-        missing = set(self.ports) - set(self.stream_groups)
-        if missing:
-            raise ConfigError(f"EVENTIDE_PORTS names streams without a group: {sorted(missing)}")
+        bad_ports = {s: p for s, p in self.ports.items() if not 0 <= p < 65536}
+        if bad_ports:
+            raise ConfigError(f"EVENTIDE_PORTS: ports must be 0..65535 (0 = a free port), got {bad_ports}")
         try:
             dt.date.fromisoformat(self.partitions_start)
         except ValueError:
             raise ConfigError(
                 f"EVENTIDE_PARTITIONS_START={self.partitions_start!r}: expected a date like 2004-03-01"
             ) from None
+
+
+def _read_env(env) -> dict[str, object]:
+    """`EVENTIDE_<FIELD>` values from `env`, parsed; ConfigError names a bad variable."""
+    values: dict[str, object] = {}
+    for f in dataclasses.fields(Settings):
+        var = f"EVENTIDE_{f.name.upper()}"
+        if f.name in _NOT_FROM_ENV or var not in env:
+            continue
+        raw = env[var]
+        try:
+            values[f.name] = _parse(f.name, raw)
+        except (ValueError, TypeError) as e:
+            raise ConfigError(f"{var}={raw!r}: {e}") from None
+    return values
 
 
 def _parse(name: str, raw: str) -> object:
@@ -150,8 +194,7 @@ def _parse(name: str, raw: str) -> object:
             if not sep:
                 raise ValueError(f"expected name=value pairs separated by commas, got {item!r}")
             out[key.strip()] = int(value) if kind == "dict[str, int]" else value.strip()
-        defaults = DEFAULT_PORTS if kind == "dict[str, int]" else DEFAULT_STREAM_GROUPS
-        return {**defaults, **out}
+        return out
     return raw
 
 

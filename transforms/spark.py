@@ -22,6 +22,12 @@ def _prepare_environment() -> None:
     # Python workers must run the interpreter that has Eventide installed.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    # A user's app module sits in the folder `eventide` runs from (like `python -m`): Spark's Python
+    # workers must import it too, to run its functions.
+    cwd = os.getcwd()
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if cwd not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([*paths, cwd])
 
 
 def get_spark(settings: Settings):

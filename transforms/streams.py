@@ -1,37 +1,15 @@
-"""The landed streams: each one's decoder and bronze table.
+"""Bronze: each registered stream decoded into its Delta table, by the stream's own decoder.
 
-A stream's decoder is declared once, here; the bronze query and every application reading the
-stream use it (an application may pass its own decoder to `source()`).
+The streams themselves come from the registered apps (transforms.registry); this module only makes
+the bronze application of one (undecodable input goes to quarantine).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pyarrow as pa
 
-from transforms.api import Application, Decoder, DeltaSink, source
-from transforms.apps.logs_decoder import decode_log_line
-from transforms.apps.market_decoder import decode_market_data, decode_order
-from transforms.apps.words import decode_text
-
-
-@dataclass(frozen=True)
-class Stream:
-    name: str
-    decoder: Decoder
-    bronze_table: str
-
-
-STREAMS: dict[str, Stream] = {
-    s.name: s
-    for s in (
-        Stream("logs", decode_log_line, "bronze_log_lines"),
-        Stream("market_data", decode_market_data, "bronze_market_data"),
-        Stream("orders", decode_order, "bronze_orders"),
-        Stream("text", decode_text, "bronze_text"),
-    )
-}
+from transforms.api import Application, DeltaSink, source
+from transforms.registry import StreamSpec
 
 # Columns every bronze row keeps from landing, ahead of the decoded fields.
 BRONZE_METADATA = ("stream", "seq", "receive_time", "connection")
@@ -43,23 +21,25 @@ _METADATA_FIELDS = [
 ]
 
 
-def stream_decoder(stream: str) -> Decoder:
-    try:
-        return STREAMS[stream].decoder
-    except KeyError:
-        raise ValueError(f"unknown stream {stream!r}; known: {', '.join(STREAMS)}") from None
+def bronze_schema(spec: StreamSpec) -> pa.Schema | None:
+    """Landing metadata, then the decoder's columns; None (inferred from the messages) if it declares none."""
+    if spec.decoder.schema is None:
+        return None
+    return pa.schema(_METADATA_FIELDS + list(spec.decoder.schema))
 
 
-def bronze_schema(stream: str) -> pa.Schema:
-    return pa.schema(_METADATA_FIELDS + list(STREAMS[stream].decoder.schema))
+def bronze_application(spec: StreamSpec | str) -> Application:
+    """Decode a landed stream into its bronze table; undecodable input goes to quarantine.
+    A stream name is looked up among the apps registered in the environment's settings."""
+    if isinstance(spec, str):
+        from transforms.settings import Settings
 
-
-def bronze_application(stream: str) -> Application:
-    """Decode a landed stream into its bronze table; undecodable input goes to quarantine."""
-    s = STREAMS[stream]
+        spec = Settings().registry.stream(spec)
     return Application(
-        f"bronze_{stream}",
-        source(stream).to_sink(DeltaSink(s.bronze_table, schema=bronze_schema(stream), metadata=BRONZE_METADATA)),
+        f"bronze_{spec.name}",
+        source(spec.name, spec.decoder).to_sink(
+            DeltaSink(spec.bronze_table, schema=bronze_schema(spec), metadata=BRONZE_METADATA)
+        ),
         quarantine_landing_errors=True,
-        description=f"`{stream}` decoded by {s.decoder.name}",
+        description=f"`{spec.name}` decoded by {spec.decoder.name}",
     )

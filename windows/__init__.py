@@ -7,6 +7,10 @@
 Each kind has a definition (frozen, a module constant) and a state class (kept in keyed state);
 `process(...)` returns an `Emitted` with the closed `WindowResult`s (each saying how it closed and
 which sequence range it covers), late messages, and timers to register.
+
+This package is the window logic alone. In an application, a window is a pipeline step built by
+`transforms.windowing`: `key_by(...).to(trigger_windows(...).over(aggregator))`, which keeps each
+key's window state in the engine's keyed state and gets the key and the clock from the context.
 """
 
 from windows.core import Aggregator, CloseReason, Emitted, OpenWindow, WindowResult, counting

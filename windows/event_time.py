@@ -17,7 +17,7 @@ availableNow: one *run*) later, and transformWithState has no event-time timers 
 mode. The per-key watermark here moves with the key's own data and closes windows immediately; the
 price is that a key that stops receiving data keeps its last windows open. `advance(state, key,
 watermark_ms)` closes windows from an outside clock: Spark's watermark when the query defines one
-(`current_context().watermark_ms`) or a processing-time timer (see windows.wall_clock).
+(`ctx.watermark_ms` of the state computation's context) or a processing-time timer (see windows.wall_clock).
 """
 
 from __future__ import annotations
@@ -62,7 +62,10 @@ class EventTimeState:
 
 @dataclass(frozen=True)
 class EventTimeWindows:
-    """Tumbling (`slide_ms` None) or sliding event-time windows over `aggregator`."""
+    """Tumbling (`slide_ms` None) or sliding event-time windows over `aggregator`.
+
+    In a pipeline: `transforms.windowing.event_time_windows(size_ms, ...).over(aggregator)`.
+    """
 
     aggregator: Aggregator
     size_ms: int
@@ -90,6 +93,8 @@ class EventTimeWindows:
         return [s for s in range(first, last + 1, self.slide) if s <= event_ms < s + self.size_ms]
 
     def process(self, state: EventTimeState, key: str, seq: int, event_ms: int, msg: Any) -> Emitted:
+        """Fold `msg` (event time `event_ms`) into its windows, or treat it as late; close what the
+        key's watermark passed."""
         out = Emitted()
         event_ms = int(event_ms)
         wm = state.watermark(self.allowed_lateness_ms)

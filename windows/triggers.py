@@ -48,7 +48,8 @@ class TriggerWindows:
 
     `is_marker(msg)` says whether a message is a marker; `boundary(msg)` gives the value whose change
     closes the window (e.g. the message's day); `max_count` caps the messages per window. Leave any
-    of them None to disable that trigger.
+    of them None to disable that trigger. In a pipeline:
+    `transforms.windowing.trigger_windows(is_marker=..., boundary=..., max_count=...).over(aggregator)`.
     """
 
     aggregator: Aggregator
@@ -62,6 +63,7 @@ class TriggerWindows:
 
     # -- one message --------------------------------------------------------------------------
     def process(self, state: TriggerState, key: str, seq: int, msg: Any) -> Emitted:
+        """Feed one message (landing sequence `seq`); the windows it closes."""
         out = Emitted()
         if self.is_marker is not None and self.is_marker(msg):
             self._close(state, key, CloseReason.MARKER, out)

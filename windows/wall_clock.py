@@ -2,13 +2,15 @@
 
 Windows are `[start, start + size)` of processing time, aligned to `size_ms`. The first message of a
 window asks for a timer at its end (`Emitted.timers`; the state computation registers it with
-`current_context().register_timer(ms)`), and the state computation's `on_timer(key, state,
-expiry_ms)` calls `on_timer` here, which closes the window (reason `timer`).
+`ctx.register_timer(ms)`), and the state computation's `on_timer(key, state, expiry_ms)` calls
+`on_timer` here, which closes the window (reason `timer`). In a pipeline,
+`transforms.windowing.wall_clock_windows(size_ms).over(aggregator)` does that wiring.
 
-With Spark's `availableNow` trigger a timer fires in the first micro-batch that runs after it is due
-(the engine runs no empty batches), so a window can also be found overdue when a message arrives:
-`process` closes it then, with the same reason, before opening the next one. A window never closes
-twice: the later timer finds nothing to close.
+Timers fire in micro-batches: under `eventide run` each run of a query with timers ends with a batch
+without new messages, so a window whose end has passed by then closes in that run, and a later one
+in the first run after its end, with or without new messages. A message can also find its key's
+window overdue (its timer has not run yet): `process` closes it then, with the same reason, before
+opening the next one. A window never closes twice: the later timer finds nothing to close.
 """
 
 from __future__ import annotations
@@ -20,12 +22,16 @@ from windows.core import Aggregator, CloseReason, Emitted, OpenWindow, close
 
 
 class WallClockState:
+    """Keyed state of wall-clock windows: the key's open window (None between windows)."""
+
     def __init__(self) -> None:
         self.open: OpenWindow | None = None
 
 
 @dataclass(frozen=True)
 class WallClockWindows:
+    """Window definition: processing-time tumbling windows of `size_ms` over `aggregator`."""
+
     aggregator: Aggregator
     size_ms: int
 
@@ -34,6 +40,7 @@ class WallClockWindows:
             raise ValueError(f"size_ms must be positive, got {self.size_ms}")
 
     def process(self, state: WallClockState, key: str, seq: int, now_ms: int, msg: Any) -> Emitted:
+        """Fold `msg`, received at processing time `now_ms`; a new window asks for its timer."""
         out = self.on_timer(state, key, now_ms)
         if state.open is None:
             start = int(now_ms) - int(now_ms) % self.size_ms

@@ -16,12 +16,13 @@ import dagster as dg
 import pyarrow as pa
 import pytest
 
-from assets import ingest, logs
-from orchestration.resources import EventideSettings, SparkResource
-from orchestration.runner import QUIET, dagster_instance
+from assets.resources import EventideSettings
+from examples import logs_assets
+from examples.logs import SUMMARY_SCHEMA, SUMMARY_TABLE, WINDOWS_TABLE, stored_summary
+from orchestration.runner import QUIET, dagster_instance, due_runs
+from orchestration.sensors import PIPELINES_JOB
 from tests.transforms.test_logs_app import LOG_FILES, expected_summary, log_messages, summary_rows
 from transforms import lake
-from transforms.apps.logs import SUMMARY_SCHEMA, SUMMARY_TABLE, WINDOWS_TABLE, stored_summary
 from transforms.framing import DEFAULT_FRAMING
 from transforms.settings import Settings, reset_settings
 
@@ -29,11 +30,16 @@ pytestmark = pytest.mark.spark
 
 LOGS_PIPELINES = dg.define_asset_job("logs_pipelines", selection=dg.AssetSelection.assets("bronze_log_lines", WINDOWS_TABLE))
 SUMMARY_CHECKS = dg.define_asset_job("summary_checks", selection=dg.AssetSelection.checks_for_assets(SUMMARY_TABLE))
-DEFS = dg.Definitions.merge(
-    ingest.defs,
-    logs.defs,
-    dg.Definitions(jobs=[LOGS_PIPELINES, SUMMARY_CHECKS], resources={"eventide": EventideSettings(), "spark": SparkResource()}),
-)
+
+
+
+def _defs() -> dg.Definitions:
+    from orchestration.definitions import defs
+
+    return dg.Definitions.merge(defs, dg.Definitions(jobs=[LOGS_PIPELINES, SUMMARY_CHECKS]))
+
+
+DEFS = _defs()
 DAYS = ["2004-03-07", "2004-03-08", "2004-03-09", "2004-03-10"]
 
 
@@ -77,7 +83,7 @@ def materialize_pipelines(home: Home):
 
 
 def summarize(home: Home, day: str, **kwargs):
-    return DEFS.resolve_job_def(logs.SUMMARY_JOB).execute_in_process(
+    return DEFS.resolve_job_def(logs_assets.SUMMARY_JOB).execute_in_process(
         instance=home.instance, partition_key=day, run_config=QUIET, raise_on_error=False, **kwargs)
 
 
@@ -88,6 +94,13 @@ def materialization(result) -> dict:
 
 def checks(result) -> dict[str, bool]:
     return {c.check_name: c.passed for c in result.get_asset_check_evaluations()}
+
+
+def due_days(home: Home) -> list[str]:
+    """The days `eventide run` summarizes: what the log app's sensor and schedule request."""
+    runs = due_runs(DEFS, home.instance, skip_jobs=(PIPELINES_JOB,))
+    assert {r.job for r in runs} <= {logs_assets.SUMMARY_JOB}
+    return [r.partition_key for r in runs]
 
 
 def summary_table(home: Home) -> list[tuple[str, int, int]]:
@@ -112,7 +125,7 @@ def home(spark, tmp_path_factory):
         h.first_windows_version = lake.version(settings.table_path(WINDOWS_TABLE))
         land(settings, "logs", log_messages(LOG_FILES[2:]))
         materialize_pipelines(h)
-        days = logs.days_to_summarize(settings)
+        days = due_days(h)
         assert days == DAYS
         h.summary_runs = {day: summarize(h, day) for day in days}
         yield h
@@ -130,7 +143,9 @@ def test_lineage_reads_landing_bronze_windows_summary_with_checks():
     assert WINDOWS_TABLE in parents[SUMMARY_TABLE]
     assert {c.name for c in graph.asset_check_keys if c.asset_key == dg.AssetKey(SUMMARY_TABLE)} == {
         "rows_are_valid", "total_matches_bronze", "reconciles_with_bronze"}
-    assert graph.get(dg.AssetKey(SUMMARY_TABLE)).group_name == "daily"
+    assert graph.get(dg.AssetKey(SUMMARY_TABLE)).group_name == graph.get(dg.AssetKey(WINDOWS_TABLE)).group_name == "logs"
+    assert defs.resolve_job_def(logs_assets.SUMMARY_JOB).partitions_def == logs_assets.DAILY
+    assert {s.name for s in defs.sensors} >= {"log_windows_sensor"} and defs.resolve_schedule_def("close_days_by_clock")
 
 
 def test_summary_equals_the_readme_table_and_checks_pass(home):
@@ -155,7 +170,7 @@ def test_tcp_sinks_send_seed_lines_and_wallaroo_json(home):
 def test_sensor_requests_the_days_of_newly_closed_windows(home):
     def evaluate(cursor):
         ctx = dg.build_sensor_context(cursor=cursor, instance=home.instance, resources={"eventide": EventideSettings()})
-        return logs.log_windows_sensor(ctx), ctx
+        return logs_assets.log_windows_sensor(ctx), ctx
 
     data, ctx = evaluate(None)
     assert [r.partition_key for r in data] == DAYS
@@ -170,7 +185,7 @@ def test_running_again_changes_nothing(home):
     paths = [home.settings.table_path(t) for t in ("bronze_log_lines", WINDOWS_TABLE, SUMMARY_TABLE)]
     versions = [lake.version(p) for p in paths]
     materialize_pipelines(home)
-    for day in logs.days_to_summarize(home.settings):
+    for day in due_days(home):
         result = summarize(home, day)
         assert result.success and materialization(result)["replaced"] is False
     assert [lake.version(p) for p in paths] == versions
@@ -183,7 +198,7 @@ def test_schedule_and_backfill_restore_a_deleted_partition(home, capsys):
     def schedule_requests():
         ctx = dg.build_schedule_context(instance=home.instance, resources={"eventide": EventideSettings()},
                                         scheduled_execution_time=dt.datetime(2004, 3, 20, tzinfo=dt.timezone.utc))
-        data = logs.close_days_by_clock(ctx)
+        data = logs_assets.close_days_by_clock(ctx)
         return [] if isinstance(data, dg.SkipReason) else [r.partition_key for r in data]
 
     assert schedule_requests() == []  # every day over by the clock is summarized
@@ -194,6 +209,7 @@ def test_schedule_and_backfill_restore_a_deleted_partition(home, capsys):
 
     assert backfill(home.settings, "2004-03-08") == 0
     out = capsys.readouterr().out
+    assert "daily_summary_job, 1 day(s)" in out
     assert "2004-03-08: replaced, 4 rows, 559 lines from bronze_log_lines (3 checks passed" in out
     assert summary_table(home) == expected_summary()
     assert schedule_requests() == []

@@ -1,4 +1,5 @@
-"""Market spread through Dagster: both tables as assets, the GX checks, and that a failing check blocks."""
+"""Market spread through Dagster: both tables as assets, the checks declared on its sinks plus the one of
+its Dagster extras, and that a failing check blocks."""
 
 from __future__ import annotations
 
@@ -10,22 +11,36 @@ import dagster as dg
 import pyarrow as pa
 import pytest
 
-from assets.market import (
-    market_assets,
-    market_checks,
-    market_state_prices,
-    market_state_rule,
+from assets.apps import application_assets
+from assets.checks import check_result, sink_checks
+from assets.ingest import stream_deps
+from assets.resources import EventideSettings, SparkResource
+from examples.market import (
+    MARKET_STATE_TABLE,
+    ORDER_REJECTIONS_TABLE,
+    PRICES_VALID,
+    REASON_SPREAD,
+    market_app,
+    reject_matches_rule,
     rejections_accounted,
 )
-from orchestration.resources import EventideSettings, SparkResource
+from examples.market_assets import order_rejections_unique_in_run
+from examples.market_decoder import encode_order, parse_order
+from examples.market_generate import order_payloads, read_symbols
 from transforms import lake
-from transforms.apps.market import MARKET_STATE_TABLE, ORDER_REJECTIONS_TABLE, REASON_SPREAD
-from transforms.apps.market_decoder import encode_order, parse_order
-from transforms.apps.market_generate import order_payloads, read_symbols
 from transforms.framing import iter_file_messages
 from transforms.landing import Lander
 
 pytestmark = pytest.mark.spark
+
+
+def market_app_registry():
+    from transforms.registry import registry_of
+
+    return registry_of([market_app])
+
+market_assets = application_assets(market_app, stream_deps(market_app_registry(), market_app.streams()), "market_spread")
+market_checks = [*sink_checks(market_app), order_rejections_unique_in_run]
 
 NBBO = Path(__file__).resolve().parents[2] / "data" / "wallaroo" / "market_spread" / "350-symbols_initial-nbbo-fixish.msg"
 
@@ -97,17 +112,20 @@ def test_market_assets_with_blocking_checks(spark, settings):
     rows = {r["symbol"]: r for r in lake.read(state_path).to_pylist()}
     bad = [dict(rows["AA"], bid=-1.0), dict(rows["BAC"], offer=math.nan), dict(rows["TGT"], reject=False, reason=None)]
     lake.merge_once(state_path, pa.Table.from_pylist(bad, schema=lake.read(state_path).schema), ["symbol"], "test", 0)
-    prices, rule = market_state_prices(settings), market_state_rule(settings)
+    prices = check_result(PRICES_VALID, settings, MARKET_STATE_TABLE)
+    rule = check_result(reject_matches_rule, settings, MARKET_STATE_TABLE)
     assert not prices.passed and not rule.passed
     outcomes = prices.metadata["expectations"].value
     assert [v["unexpected_count"] for v in outcomes.values()] == [0, 1, 1, 0]  # bid < 0; offer NaN
     assert rule.metadata["rows"].value == 350
+    assert "TGT" in rule.metadata["sample"].value  # in reject state by the rule, stored as accepting
     rej_path = settings.table_path(ORDER_REJECTIONS_TABLE)
     row = lake.read(rej_path).to_pylist()[0]
     stray = dict(row, symbol="QQQQ", reason=REASON_SPREAD, seq=row["seq"] + 10_000)
     lake.append_once(rej_path, pa.Table.from_pylist([stray], schema=lake.read(rej_path).schema), "test", 0)
-    assert not rejections_accounted(settings).passed
+    assert not check_result(rejections_accounted, settings, ORDER_REJECTIONS_TABLE).passed
 
     # Nothing landed on the market streams at all: nothing to check, nothing blocked.
     empty = dataclasses.replace(settings, home=settings.home.parent / "empty")
-    assert market_state_prices(empty).passed and rejections_accounted(empty).passed
+    assert check_result(PRICES_VALID, empty, MARKET_STATE_TABLE).passed
+    assert check_result(rejections_accounted, empty, ORDER_REJECTIONS_TABLE).passed

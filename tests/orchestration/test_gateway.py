@@ -23,6 +23,7 @@ from transforms.landing import Lander, LandingBusy, list_segments, read_landed
 from transforms.settings import ConfigError, Settings
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "wallaroo"
+MARKET = Settings().group_of("orders")  # the landing log market_data and orders share
 DAY_1 = DATA / "log_windowing" / "day_1.log"
 DAY_2 = DATA / "log_windowing" / "day_2.log"
 NBBO = DATA / "market_spread" / "350-symbols_initial-nbbo-fixish.msg"
@@ -101,11 +102,11 @@ def test_each_port_lands_into_its_own_stream(gateway, settings):
         sock.sendall(DEFAULT_FRAMING.encode(stream.encode()))
         finish(sock)
     gateway.stop()
-    assert [(r["stream"], r["payload"]) for r in landed(settings, "market")] == [
+    assert [(r["stream"], r["payload"]) for r in landed(settings, MARKET)] == [
         ("market_data", b"market_data"),
         ("orders", b"orders"),
     ]
-    assert [r["seq"] for r in landed(settings, "market")] == [1, 2]
+    assert [r["seq"] for r in landed(settings, MARKET)] == [1, 2]
     assert [r["seq"] for r in landed(settings, "logs")] == [3]
 
 
@@ -118,7 +119,7 @@ def test_oversized_frame_is_quarantined_and_closes_only_its_connection(tmp_path,
         gw.wait_for_messages(1)
 
         bad = connect(gw, "text")
-        bad_tail = struct.pack(">I", 5000) + b"start of a huge frame"
+        bad_tail = struct.pack(">I", 5000) + (b"" if bad_header_alone else b"start of a huge frame")
         before = [] if bad_header_alone else [b"bad ok 1", b"bad ok 2"]
         bad.sendall(DEFAULT_FRAMING.encode_many(before) + bad_tail)
         bad.settimeout(10)
@@ -136,7 +137,11 @@ def test_oversized_frame_is_quarantined_and_closes_only_its_connection(tmp_path,
     quarantined = [r for r in got if r["landing_error"]]
     assert len(quarantined) == 1
     assert quarantined[0]["payload"] == bad_tail
-    assert quarantined[0]["landing_error"].startswith("frame length 5000 exceeds limit 100")
+    came = "0 of them" if bad_header_alone else "21 of them"  # payload bytes, never the header's 4
+    assert quarantined[0]["landing_error"] == (
+        f"frame header announces 5000 payload bytes, over the limit of 100; {came} arrived before the gateway "
+        "closed the connection (landed as received, header included); "
+        "raise EVENTIDE_MAX_FRAME_BYTES if frames this large are expected")
     bad_conn = quarantined[0]["connection"]
     assert [r["payload"] for r in got if r["connection"] == bad_conn] == [*before, bad_tail]
     assert [r["payload"] for r in got if r["connection"] != bad_conn] == [b"good 1", b"good 2"]
@@ -145,8 +150,8 @@ def test_oversized_frame_is_quarantined_and_closes_only_its_connection(tmp_path,
 @pytest.mark.parametrize(
     ("tail", "reason"),
     [
-        (struct.pack(">I", 10) + b"abc", "3 of 10 payload bytes"),
-        (b"\x00\x00", "2 of 4 header bytes"),
+        (struct.pack(">I", 10) + b"abc", "frame announced 10 payload bytes, only 3 arrived"),
+        (b"\x00\x00", "frame header incomplete: only 2 of its 4 bytes arrived"),
     ],
     ids=["inside-payload", "inside-header"],
 )
@@ -158,7 +163,7 @@ def test_connection_closing_mid_frame_lands_the_partial_frame(gateway, settings,
     got = landed(settings, "logs")
     assert [r["payload"] for r in got] == [b"whole", tail]
     assert got[0]["landing_error"] is None
-    assert got[1]["landing_error"] == f"connection closed inside a frame: {reason} (closed by the client)"
+    assert got[1]["landing_error"] == f"{reason} (closed by the client)"
 
 
 def test_stopping_lands_partial_frames_of_open_connections(gateway, settings):
@@ -240,7 +245,7 @@ def test_send_without_end_of_day_sends_only_lines(gateway, settings):
 def test_send_msg_file_byte_for_byte(gateway, settings):
     assert send_files("market_data", [NBBO], HOST, gateway.bound_ports["market_data"]) == 350
     gateway.stop()
-    payloads = [r["payload"] for r in landed(settings, "market")]
+    payloads = [r["payload"] for r in landed(settings, MARKET)]
     assert len(payloads) == 350 and {len(p) for p in payloads} == {42}
     assert DEFAULT_FRAMING.encode_many(payloads) == NBBO.read_bytes()
 
@@ -279,6 +284,56 @@ def test_ingest_rejects_bad_files_before_landing_anything(settings, tmp_path):
     with pytest.raises(ConfigError, match="unknown stream"):
         ingest_files(settings, "nope", [DAY_1])
     assert list_segments(settings) == []
+
+
+def test_frames_in_a_txt_file_are_refused_unless_framed_is_said(tmp_path, gateway, settings):
+    # Before: a binary file named .txt went out as one message per "line", silently wrong.
+    payloads = [b"kitchen,21.5", b"garage,4.0", b""]
+    frames = tmp_path / "readings.txt"
+    frames.write_bytes(DEFAULT_FRAMING.encode_many(payloads))
+    with pytest.raises(InputFileError, match=r"readings.txt looks like length-prefixed frames, not text lines "
+                                             r"\(3 frames .* tile it exactly\); pass --framed \(or --lines"):
+        send_files("text", [frames], HOST, gateway.bound_ports["text"])
+    assert gateway.gateway.connections_accepted == 0  # refused before connecting
+    assert send_files("text", [frames], HOST, gateway.bound_ports["text"], framed=True) == 3
+    gateway.stop()
+    assert [r["payload"] for r in landed(settings, "text")] == payloads
+
+
+def test_binary_file_read_as_lines_needs_lines_said(settings, tmp_path):
+    binary = tmp_path / "dump.log"
+    binary.write_bytes(b"abc\x00def\nmore\n")
+    with pytest.raises(InputFileError, match=r"dump.log looks like .* NUL byte at offset 3\); pass --framed"):
+        ingest_files(settings, "logs", [binary])
+    assert list_segments(settings) == []
+    assert ingest_files(settings, "logs", [binary], framed=False) == 2  # --lines: as text, as asked
+    assert [r["payload"] for r in landed(settings, "logs")] == [b"abc\x00def\n", b"more\n"]
+
+
+def test_text_file_named_msg_is_refused_unless_lines_is_said(settings, tmp_path):
+    # Before: refused with a bare frame-length error that did not say what to do.
+    text = tmp_path / "day.msg"
+    text.write_bytes(DAY_1.read_bytes())
+    with pytest.raises(InputFileError, match=r"day.msg does not look framed \(it starts with text b'.*'.*\): "
+                                             r"it looks like text lines; pass --lines"):
+        ingest_files(settings, "logs", [text])
+    short = tmp_path / "short.msg"  # binary, but its first length header runs past the end
+    short.write_bytes(struct.pack(">I", 16) + b"\x01\x02\x03")
+    with pytest.raises(InputFileError, match=r"short.msg does not look framed \(its first length header says 16 "
+                                             r"bytes but the file has 3 after it\)"):
+        ingest_files(settings, "logs", [short])
+    small = Settings(home=settings.home, max_frame_bytes=100)
+    big = tmp_path / "big.msg"
+    big.write_bytes(struct.pack(">I", 5000) + bytes(5000))
+    with pytest.raises(InputFileError, match=r"big.msg does not look framed \(its first length header says 5000 "
+                                             r"bytes, over the frame limit of 100\)"):
+        ingest_files(small, "logs", [big])
+    assert list_segments(settings) == []
+    # Said explicitly: no guessing. --framed on text is a plain framing error; --lines lands the lines.
+    with pytest.raises(InputFileError, match=r"day.msg: not a valid framed file: frame header announces \d+ payload bytes, over the limit of 1048576"):
+        ingest_files(settings, "logs", [text], framed=True)
+    assert ingest_files(settings, "logs", [text], framed=False) == 196
+    assert [r["payload"] for r in landed(settings, "logs")] == DAY_1.read_bytes().splitlines(keepends=True)
 
 
 def test_long_line_is_refused_by_the_sender(tmp_path, gateway, settings):
@@ -343,13 +398,14 @@ SERVE = (
 
 
 class Service:
-    """`serve_forever` in a child process, its output collected by a thread."""
+    """`serve_forever` (or the command `argv`, e.g. `eventide serve`) in a child process, its output
+    collected by a thread."""
 
-    def __init__(self, env: dict[str, str], cwd: Path):
+    def __init__(self, env: dict[str, str], cwd: Path, argv: list[str] | None = None):
         self.lines: queue.Queue[str] = queue.Queue()
         self.output: list[str] = []
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", SERVE],
+            argv or [sys.executable, "-c", SERVE],
             env=env,
             cwd=cwd,
             stdout=subprocess.PIPE,

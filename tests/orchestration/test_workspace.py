@@ -54,9 +54,14 @@ def test_webserver_serves_the_lineage(tmp_path):
         assert "landing_logs" in deps["bronze_log_lines"]
         assert "bronze_log_lines" in deps["log_windows"]
         assert "log_windows" in deps["daily_return_code_summary"]
-        assert {"bronze_market_data", "bronze_orders"} <= deps["market_state"]
-        checks = {"/".join(n["assetKey"]["path"]): [c["name"] for c in n["assetChecksOrError"].get("checks", [])] for n in nodes}
+        assert deps["market_state"] == {"landing_market_data", "landing_orders", "bronze_market_data", "bronze_orders"}
+        assert "landing_orders" in deps["bronze_orders"]
+        groups = {"/".join(n["assetKey"]["path"]): n["groupName"] for n in nodes}
+        assert groups["market_state"] == "market_spread" and groups["daily_return_code_summary"] == "logs"
+        checks = {"/".join(n["assetKey"]["path"]): {c["name"]: c["blocking"] for c in n["assetChecksOrError"].get("checks", [])}
+                  for n in nodes}
         assert len(checks["daily_return_code_summary"]) >= 3
+        assert checks["market_state"] == {"market_state_prices_valid": True, "market_state_reject_matches_rule": True}
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()

@@ -17,7 +17,9 @@ from transforms.api import (
     state_computation,
     to_record,
 )
-from transforms.engine import _run_key, make_pre_stage, plan_queries
+from transforms.engine.keyed_state import _run_key
+from transforms.engine.plan import plan_queries
+from transforms.engine.stages import make_pre_stage
 from transforms.settings import Settings
 
 
@@ -252,3 +254,35 @@ def test_a_batch_computation_that_drops_the_row_column_is_quarantined_with_a_cle
     rows = out.to_pylist()
     assert [r["kind"] for r in rows] == ["quarantine", "quarantine"]
     assert "must keep the `_row` column" in rows[0]["reason"]
+
+
+def test_decorated_functions_of_an_importable_module_pickle_by_name(tmp_path, monkeypatch):
+    """Spark's workers import the app's module; copying the function by value would also copy its
+    globals, and a `struct.Struct` global cannot be copied (a user's app failed that way)."""
+    import pickle
+    import sys
+    import textwrap
+
+    from pyspark import cloudpickle
+
+    (tmp_path / "binary_app.py").write_text(textwrap.dedent('''
+        import struct
+        import pyarrow as pa
+        from transforms.api import computation, decoder
+
+        READING = struct.Struct(">d")
+
+        @decoder(schema=pa.schema([("x", pa.float64())]))
+        def decode(payload):
+            return {"x": READING.unpack(payload)[0]}
+
+        @computation("double")
+        def double(m):
+            return {"x": m["x"] * READING.size}
+    '''))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import binary_app
+
+    for fn in (binary_app.decode, binary_app.double):
+        assert pickle.loads(cloudpickle.dumps(fn)) is fn
+    sys.modules.pop("binary_app", None)

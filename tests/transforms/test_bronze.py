@@ -48,7 +48,7 @@ def test_bronze_log_lines_for_the_four_sample_days(spark, settings):
     assert dash.method is None and dash.path is None and pd.isna(dash.bytes)
     quarantine = lake.read(settings.table_path("quarantine")).to_pandas().sort_values("seq")
     assert list(quarantine.step) == ["decoder decode_log_line", "gateway"]
-    assert "not a Common Log Format line" in quarantine.reason.iloc[0]
+    assert quarantine.reason.iloc[0].startswith("log line: expected a Common Log Format line")
     assert list(quarantine.payload) == [b"this is not a log line\n", b"partial"]
     assert report.input_rows == 1274 + 4 + 2
 

@@ -5,10 +5,10 @@ import re
 
 import pytest
 
+from examples.words import word_count
 from tests.conftest import DATA, REPO, land
 from transforms import lake
 from transforms.api import Application, DeltaSink, source, state_computation
-from transforms.apps.words import word_count
 from transforms.engine import run_application
 
 pytestmark = pytest.mark.spark
@@ -79,12 +79,16 @@ def test_a_raising_user_function_lands_in_quarantine_and_the_rest_goes_on(spark,
     assert report.quarantined == 2
 
 
-def test_the_readme_example_runs(spark, settings, monkeypatch, tmp_path):
+def test_the_readmes_own_app_runs(spark):
+    """The app of the README's "Write and serve your own app", run as its commands promise."""
+    from transforms.testing import run_app
+
     readme = (REPO / "README.md").read_text()
-    code = re.search(r"## Writing an application.*?```python\n(.*?)```", readme, re.S).group(1)
-    code = code.replace('Path(".eventide/example")', f'Path({str(tmp_path / "example")!r})')
-    namespace = {"__name__": "__main__"}
+    code = re.search(r"## Write and serve your own app.*?```python\n(.*?)```", readme, re.S).group(1)
+    namespace = {"__name__": "__main__"}  # like a script: Spark's workers get its functions by value
     exec(compile(code, "README.md", "exec"), namespace)
-    settings = namespace["settings"]
-    rows = lake.read(settings.table_path("letter_counts")).to_pylist()
-    assert sorted((r["letter"], r["count"]) for r in rows) == [("a", 3), ("b", 1)]
+    commands = re.search(r"## Write and serve your own app.*?```sh\n(.*?)```", readme, re.S).group(1)
+    lines = re.search(r"printf '(.*?)'", commands).group(1).encode().decode("unicode_escape").splitlines(True)
+    result = run_app(namespace["app"], {"temps": [line.encode() for line in lines]}, spark=spark)
+    assert [(r["sensor"], r["peak"]) for r in result.outputs("temp_peaks")] == [("garage", 4.0), ("kitchen", 23.0)]
+    assert "# garage 4.0, kitchen 23.0" in commands and result.quarantine == []

@@ -23,7 +23,7 @@ from transforms.settings import get_settings
 from transforms.spark import get_spark
 from transforms.engine import run_application
 from transforms.streams import bronze_application
-from transforms.apps.words import word_count
+from examples.words import word_count
 s = get_settings()
 spark = get_spark(s)
 for app in (bronze_application("logs"), word_count):

@@ -15,6 +15,8 @@ import pytest
 from transforms.landing import LANDING_SCHEMA, Lander, LandingBusy, list_segments, read_landed
 from transforms.settings import Settings
 
+MARKET = Settings().group_of("orders")  # the landing log market_data and orders share
+
 
 class FakeClock:
     def __init__(self, start: float = 1_700_000_000.0):
@@ -115,8 +117,8 @@ def test_stream_groups_share_one_folder_and_one_sequence(settings):
         lander.append("logs", b"log1")
         lander.append("market_data", b"md2")
         lander.append("orders", b"o2")
-    assert sorted(p.name for p in settings.landing.iterdir() if p.is_dir()) == ["logs", "market"]
-    market = rows(settings, "market")
+    assert sorted(p.name for p in settings.landing.iterdir() if p.is_dir()) == ["logs", MARKET]
+    market = rows(settings, MARKET)
     assert [(r["stream"], r["payload"], r["seq"]) for r in market] == [
         ("market_data", b"md1", 1),
         ("orders", b"o1", 2),
@@ -158,15 +160,15 @@ def test_process_crash_with_open_journal_is_recovered(settings):
     )
     done = subprocess.run([sys.executable, "-c", script], timeout=60, capture_output=True)
     assert done.returncode == 9, done.stderr.decode()
-    assert journals(settings, "market") and journals(settings, "logs")
+    assert journals(settings, MARKET) and journals(settings, "logs")
     assert list_segments(settings) == []
     with Lander(settings) as lander:
-        assert journals(settings, "market") == journals(settings, "logs") == []
+        assert journals(settings, MARKET) == journals(settings, "logs") == []
         assert lander.next_seq == 4
         assert lander.append("logs", b"l2") == 4
-    assert [(r["payload"], r["seq"]) for r in rows(settings, "market")] == [(b"m1", 1), (b"o1", 2)]
+    assert [(r["payload"], r["seq"]) for r in rows(settings, MARKET)] == [(b"m1", 1), (b"o1", 2)]
     assert [(r["payload"], r["seq"]) for r in rows(settings, "logs")] == [(b"l1", 3), (b"l2", 4)]
-    assert all(r["landing_error"] is None for r in rows(settings, "market") + rows(settings, "logs"))
+    assert all(r["landing_error"] is None for r in rows(settings, MARKET) + rows(settings, "logs"))
 
 
 def crash_copy(settings: Settings, lander: Lander, to: Path) -> Settings:
@@ -250,7 +252,7 @@ def test_torn_record_sequence_is_unique_across_groups(settings, tmp_path):
     journal.write_bytes(journal.read_bytes() + b"\x00\x00\x00\x30torn")
     with Lander(crashed) as lander:
         assert lander.next_seq == 4
-    seqs = [r["seq"] for group in ("logs", "market") for r in rows(crashed, group)]
+    seqs = [r["seq"] for group in ("logs", MARKET) for r in rows(crashed, group)]
     assert sorted(seqs) == [1, 2, 3]
 
 

@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from transforms.apps.log_generate import (
+from examples.log_generate import (
     MARKER,
     day_line_counts,
     expected_counts,
@@ -14,7 +14,7 @@ from transforms.apps.log_generate import (
     iter_log_days,
     iter_log_payloads,
 )
-from transforms.apps.logs_decoder import parse_log_line
+from examples.logs_decoder import parse_log_line
 from transforms.framing import iter_file_messages
 
 LINES, DAYS = 6_000, 4

@@ -13,8 +13,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from transforms.api import to_record
-from transforms.apps.logs import (
+from examples.logs import (
     FROM_BRONZE,
     FROM_WINDOWS,
     SUMMARY_TABLE,
@@ -26,11 +25,11 @@ from transforms.apps.logs import (
     log_app,
     summarize_day,
     uncovered_line_count,
-    window_line,
     window_lines,
     write_summary,
 )
-from transforms.apps.logs_decoder import parse_log_line
+from examples.logs_decoder import parse_log_line
+from transforms.api import Context, to_record
 from transforms.framing import iter_file_messages
 from windows import WindowResult
 
@@ -73,9 +72,10 @@ def test_batch_window_function_equals_the_one_message_form_and_the_readme():
     records = [parse_log_line(m.decode()) for m in log_messages()]
     frame = pd.DataFrame.from_records([to_record(r) for r in records])
     frame["_seq"] = range(1, len(frame) + 1)
-    batch = window_lines.fn(frame, LogSourceState())
-    state = LogSourceState()
-    one_by_one = [o for seq, r in enumerate(records, 1) for o in window_line(r, seq, state)]
+    assert window_lines.batch and window_lines.with_context  # the fast form is the one the app runs
+    batch = window_lines.fn(frame, LogSourceState(), Context("logs"))
+    state, reference = LogSourceState(), window_lines.one_message()
+    one_by_one = [o for seq, r in enumerate(records, 1) for o in reference.apply(r, state, Context("logs", seq=seq))]
     assert batch == one_by_one
     rows = [o for o in batch if isinstance(o, WindowStatusCount)]
     assert sorted((r.day.isoformat(), r.status, r.count) for r in rows) == expected_summary()
@@ -88,7 +88,7 @@ def test_encoders_write_the_seed_lines_and_wallaroo_json():
     records = [parse_log_line(m.decode()) for m in log_messages(LOG_FILES[:1])]
     frame = pd.DataFrame.from_records([to_record(r) for r in records])
     frame["_seq"] = range(1, len(frame) + 1)
-    out = window_lines.fn(frame, LogSourceState())
+    out = window_lines.fn(frame, LogSourceState(), Context("logs"))
     lines = b"".join(encode_count_line(o) for o in out if isinstance(o, WindowStatusCount))
     assert lines == b"2004-03-07 200 147\n2004-03-07 401 48\n2004-03-07 404 1\n"
     (window,) = [o for o in out if isinstance(o, WindowResult)]

@@ -7,8 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from examples.logs_decoder import decode_log_column, decode_log_payload, parse_log_line
 from tests.conftest import DATA
-from transforms.apps.logs_decoder import decode_log_column, parse_log_line
+from transforms.api import Reject
 from transforms.framing import iter_file_messages
 
 SAMPLE = [m for d in range(1, 5) for m in iter_file_messages(DATA / "log_windowing" / f"day_{d}.log")]
@@ -24,20 +25,18 @@ EDGES = [
 
 
 def _one_line(payload: bytes):
-    try:
-        rec = parse_log_line(payload.decode("utf-8"))
-    except (ValueError, UnicodeDecodeError):
-        return None
-    return rec.__dict__
+    out = decode_log_payload(payload, "END_OF_DAY")
+    return None if isinstance(out, Reject) else out.__dict__
 
 
 def _assert_same(payloads):
     table = decode_log_column(pa.array(payloads, pa.binary()), "END_OF_DAY")
     for payload, row in zip(payloads, table.to_pylist()):
-        expected = _one_line(payload)
-        if expected is None:
-            assert row["_error"] is not None and row["kind"] is None, payload
+        out = decode_log_payload(payload, "END_OF_DAY")
+        if isinstance(out, Reject):
+            assert row["_error"] == out.reason and row["kind"] is None, payload  # the very same words
         else:
+            expected = out.__dict__
             assert row["_error"] is None, (payload, row["_error"])
             assert {k: row[k] for k in expected} == expected, payload
 
@@ -48,8 +47,26 @@ def test_full_clf_parse_of_any_method_and_the_dash_request():
     rec = parse_log_line('h - - [07/Mar/2004:22:29:41 -0800] "POST /mailman/options/cnc_notice HTTP/1.1" 200 3533\n')
     assert (rec.method, rec.day, rec.timestamp) == ("POST", dt.date(2004, 3, 7), dt.datetime(2004, 3, 8, 6, 29, 41, tzinfo=dt.timezone.utc))
     assert parse_log_line("END_OF_DAY\r\n").is_marker
-    with pytest.raises(ValueError, match="not a Common Log Format line"):
+    with pytest.raises(ValueError, match="expected a Common Log Format line"):
         parse_log_line("garbage")
+
+
+@pytest.mark.parametrize(("payload", "reason"), [
+    (b"", "log line: expected a Common Log Format line or the marker 'END_OF_DAY', got an empty payload (0 bytes)"),
+    (b"garbage\n", "log line: expected a Common Log Format line "
+                   "(host ident user [dd/Mon/yyyy:HH:MM:SS +zzzz] \"request\" status bytes) or the marker 'END_OF_DAY', "
+                   "got 'garbage'"),
+    (b"ok\xff\n", "log line: expected UTF-8 text, got byte 0xff at offset 2"),
+    (b'1.2.3.4 - - [07/Foo/2004:16:05:49 -0800] "GET / HTTP/1.0" 200 5\n',
+     "log line: expected a timestamp [dd/Mon/yyyy:HH:MM:SS +zzzz], got [07/Foo/2004:16:05:49 -0800]"),
+    (b'1.2.3.4 a b [07/Mar/2004:16:05:49 +0130] "A B C D" 200 5\n',
+     'log line: expected a request "METHOD PATH [PROTOCOL]" or "-", got "A B C D"'),
+    (b'1.2.3.4 - - [07/Mar/2004:16:05:49 -0800] "GET / HTTP/1.0" 200 99999999999999999999\n',
+     "log line: expected a byte count up to 9223372036854775807, got 99999999999999999999"),
+])
+def test_reasons_say_what_was_expected_and_what_came_in_both_forms(payload, reason):
+    assert decode_log_payload(payload, "END_OF_DAY") == Reject(reason)
+    _assert_same([SAMPLE[0], payload, b"END_OF_DAY"])
 
 
 def test_column_form_equals_one_line_form_on_the_sample_days_and_edge_cases():

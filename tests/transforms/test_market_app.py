@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from transforms import lake
-from transforms.apps.market import (
+from examples.market import (
     MARKET_STATE_TABLE,
     ORDER_REJECTIONS_TABLE,
     ORDER_RESULTS_SINK,
@@ -28,7 +27,7 @@ from transforms.apps.market import (
     order_result,
     run_loop,
 )
-from transforms.apps.market_decoder import (
+from examples.market_decoder import (
     MarketData,
     Order,
     OrderResult,
@@ -38,7 +37,8 @@ from transforms.apps.market_decoder import (
     parse_order_result,
     timestamp_10us,
 )
-from transforms.apps.market_generate import read_symbols
+from examples.market_generate import read_symbols
+from transforms import lake
 from transforms.engine import QUARANTINE_TABLE, plan_queries, run_application
 from transforms.framing import DEFAULT_FRAMING, iter_file_messages
 from transforms.landing import Lander, read_landed
@@ -149,7 +149,7 @@ def land_scenario(settings) -> None:
 
 def expected(settings):
     """The reference: Wallaroo's single loop over the same landed messages, in sequence order."""
-    rows = read_landed(settings, "market").to_pylist()
+    rows = read_landed(settings, settings.group_of("orders")).to_pylist()
     return run_loop((r["stream"], r["payload"]) for r in rows), {r["payload"]: r["seq"] for r in rows}
 
 
@@ -231,7 +231,7 @@ def test_quotes_then_orders_reject_by_the_spread_rule_in_arrival_order(spark, se
     assert len(got) == len(want) == 15 + 3 + 4
     fields = ["side", "account", "order_id", "symbol", "qty", "price", "transact_time", "last_bid", "last_offer", "reason"]
     assert [{f: r[f] for f in fields} for r in got] == [{f: getattr(w, f) for f in fields} for w in want]
-    landed = {r["seq"]: r for r in read_landed(settings, "market").to_pylist()}
+    landed = {r["seq"]: r for r in read_landed(settings, settings.group_of("orders")).to_pylist()}
     assert all(landed[r["seq"]]["stream"] == "orders" and landed[r["seq"]]["receive_time"] == r["receive_time"] for r in got)
     assert all(r["decision_time"] >= r["receive_time"] for r in got)
 

@@ -6,9 +6,9 @@ import shutil
 
 import pytest
 
+from examples.market import market_app, market_app_per_message
 from tests.transforms.test_market_app import land_messages, order, quote
 from transforms import lake
-from transforms.apps.market import market_app, market_app_per_message
 from transforms.engine import run_application
 
 pytestmark = pytest.mark.spark

@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestration.cli import main as eventide
-from transforms.apps.market import (
+from examples.market import (
     REASON_MID_ZERO,
     REASON_NEVER_SEEN,
     REASON_NON_FINITE,
@@ -24,7 +23,7 @@ from transforms.apps.market import (
     spread_decision,
     spread_reject_array,
 )
-from transforms.apps.market_decoder import (
+from examples.market_decoder import (
     ORDER_RESULT_SIZE,
     MarketData,
     Order,
@@ -39,7 +38,7 @@ from transforms.apps.market_decoder import (
     parse_order_result,
     timestamp_10us,
 )
-from transforms.apps.market_generate import (
+from examples.market_generate import (
     DEFAULT_SYMBOLS_FILE,
     generate,
     mixed_messages,
@@ -47,6 +46,7 @@ from transforms.apps.market_generate import (
     synthetic_symbols,
     unknown_symbols,
 )
+from orchestration.cli import main as eventide
 from transforms.framing import iter_file_messages
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "wallaroo" / "market_spread"
@@ -116,7 +116,7 @@ def test_transact_time_fast_path_agrees_with_strptime():
     assert parse_fix_time(b"20160902-15:47:52.5") == _strptime(b"20160902-15:47:52.5")  # irregular: strptime decides
     for bad in (b"20160230-15:47:52.000", b"20161302-15:47:52.000", b"20160902-24:00:00.000", b"20160902 15:47:52.000",
                 b"2016090X-15:47:52.000", b"20160902-15:47:60.000", b""):
-        with pytest.raises(ValueError, match="bad transact time"):
+        with pytest.raises(ValueError, match=r"expected a transact time YYYYMMDD-HH:MM:SS\.mmm \(21 ASCII bytes\), got"):
             parse_fix_time(bad)
 
 

@@ -7,11 +7,11 @@ import threading
 
 import pytest
 
+from examples.words import word_count
 from orchestration.gateway import GatewayThread
 from orchestration.sender import send_files
 from tests.conftest import DATA
 from transforms import lake
-from transforms.apps.words import word_count
 from transforms.engine import run_application
 
 pytestmark = pytest.mark.spark
@@ -40,7 +40,7 @@ class Receiver:
 
 
 def test_word_count_over_tcp_in_and_out(spark, settings):
-    settings = dataclasses.replace(settings, ports={s: 0 for s in settings.ports})
+    settings = dataclasses.replace(settings, ports={s: 0 for s in settings.registry.streams})
     with GatewayThread(settings) as gw:
         port = gw.bound_ports["text"]
         sent = send_files("text", [DATA / "word_count" / "count_this.txt"], "127.0.0.1", port)

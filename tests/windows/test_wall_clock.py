@@ -31,48 +31,102 @@ def test_an_overdue_window_closes_when_the_next_message_arrives():
     assert out.timers == [3000] and state.open.value == 1
 
 
-# -- through Spark: the engine registers timers and calls on_timer ------------------------------
-CLOCK_WINDOWS = WallClockWindows(counting(), size_ms=1000)
-
-
-def build_app():
+# -- through Spark: timers fire under `eventide run`, also for keys without new messages -------------
+# (Spark's workers cannot import tests: the module goes to them by value, see register_pickle_by_value.)
+def clock_app():
     import pyarrow as pa
 
-    from transforms.api import Application, DeltaSink, source, state_computation
-    from transforms.apps.words import decode_text
-    from transforms.engine import current_context
+    from examples.words import decode_text
+    from transforms.api import Application, DeltaSink, source
+    from transforms.windowing import wall_clock_windows
 
-    def close_on_timer(key, state, expiry_ms):
-        return [{"key": w.key, "lines": w.value, "reason": w.close_reason.value} for w in CLOCK_WINDOWS.on_timer(state, key, expiry_ms).windows]
-
-    @state_computation("count per second", state=WallClockState, on_timer=close_on_timer)
-    def count_lines(line, state):
-        ctx = current_context()
-        out = CLOCK_WINDOWS.process(state, ctx.key, 0, ctx.processing_time_ms, line)
-        for at in out.timers:
-            ctx.register_timer(at)
-        return [{"key": w.key, "lines": w.value, "reason": w.close_reason.value} for w in out.windows]
-
-    schema = pa.schema([("key", pa.string()), ("lines", pa.int64()), ("reason", pa.string())])
+    step = wall_clock_windows(2000).over(counting(), name="lines per 2 s").emit(
+        lambda w: {"key": w.key, "lines": w.value, "reason": w.close_reason.value, "first_seq": w.first_seq,
+                   "last_seq": w.last_seq})
+    schema = pa.schema([("key", pa.string()), ("lines", pa.int64()), ("reason", pa.string()),
+                        ("first_seq", pa.int64()), ("last_seq", pa.int64())])
     return Application("clock_windows", source("text", decoder=decode_text).key_by(lambda t: t.text.split()[0])
-                       .to(count_lines).to_sink(DeltaSink("clock_windows", schema=schema)))
+                       .to(step).to_sink(DeltaSink("clock_windows", schema=schema)))
+
+
+class Noted:
+    """State of the reminder test: nothing to keep."""
+
+
+def reminder_app():
+    import pyarrow as pa
+
+    from examples.words import decode_text
+    from transforms.api import Application, DeltaSink, computation, source, state_computation
+
+    def remind(key, state, expiry_ms, ctx):
+        if key == "boom":
+            raise ValueError("no reminder for boom")
+        return {"key": key, "expiry_ms": expiry_ms, "fired_ms": ctx.processing_time_ms}
+
+    @state_computation("remind", state=Noted, on_timer=remind)
+    def note(line, state, ctx):
+        ctx.register_timer(ctx.processing_time_ms + 1)  # due at once: must fire without another message
+
+    @computation("tag")  # a step after the state computation applies to timer outputs too
+    def tag(row):
+        return {**row, "tag": f"quiet {row['key']}"}
+
+    schema = pa.schema([("key", pa.string()), ("expiry_ms", pa.int64()), ("fired_ms", pa.int64()),
+                        ("tag", pa.string())])
+    return Application("reminders", source("text", decoder=decode_text).key_by(lambda t: t.text.split()[0])
+                       .to(note).to(tag).to_sink(DeltaSink("reminders", schema=schema)))
+
+
+def _rows(settings, table):
+    from transforms import lake
+
+    path = settings.table_path(table)
+    return lake.read(path).to_pylist() if lake.exists(path) else []
 
 
 @pytest.mark.spark
-def test_processing_time_timers_close_windows_of_quiet_keys(spark, settings):
+def test_a_wall_clock_window_closes_by_its_timer_without_new_messages(spark, settings):
     from pyspark import cloudpickle
 
     from tests.conftest import land
-    from transforms import lake
-    from transforms.engine import run_application
+    from transforms.engine import plan_queries, run_application
 
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Spark's workers cannot import tests
-    app = build_app()
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    app = clock_app()
+    assert plan_queries(app, settings)[0].timers
     land(settings, "text", [b"a 1", b"a 2", b"a 3"])
     run_application(spark, app, settings)
-    assert not lake.exists(settings.table_path("clock_windows")) or lake.count(settings.table_path("clock_windows")) == 0
-    time.sleep(1.1)  # past the end of key a's window
-    land(settings, "text", [b"b 1"])  # a batch for key b; key a's timer is due and fires
+    ran_until = time.time()
+    closed = [{"key": "a", "lines": 3, "reason": "timer", "first_seq": 1, "last_seq": 3}]
+    # The window ends within 2 s of the batch that opened it: closed in this run if it was due by
+    # the run's last batch, else (no new message at all) in the next run after its end.
+    assert _rows(settings, "clock_windows") in ([], closed)
+    # A restart with nothing new still runs a batch (the clock's tick), whether or not the last run
+    # ended with its batches all committed.
     run_application(spark, app, settings)
-    rows = lake.read(settings.table_path("clock_windows")).to_pylist()
-    assert rows == [{"key": "a", "lines": 3, "reason": "timer"}]
+    time.sleep(max(0.0, ran_until + 2.05 - time.time()))
+    run_application(spark, app, settings)
+    assert _rows(settings, "clock_windows") == closed
+
+
+@pytest.mark.spark
+def test_a_timer_due_at_once_fires_in_the_same_run_and_only_once(spark, settings):
+    from pyspark import cloudpickle
+
+    from tests.conftest import land
+    from transforms.engine import run_application
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    app = reminder_app()
+    land(settings, "text", [b"a 1", b"b 1", b"boom 1"])
+    (report,) = run_application(spark, app, settings)
+    rows = sorted(_rows(settings, "reminders"), key=lambda r: r["key"])
+    assert [(r["key"], r["tag"]) for r in rows] == [("a", "quiet a"), ("b", "quiet b")]
+    assert report.rows_written["reminders"] == 2
+    assert all(r["fired_ms"] >= r["expiry_ms"] for r in rows)
+    # A raising on_timer quarantines (no input message: sequence -1) instead of stopping the query.
+    (bad,) = _rows(settings, "quarantine")
+    assert (bad["seq"], bad["step"]) == (-1, "remind (on_timer)") and "no reminder for boom" in bad["reason"]
+    run_application(spark, app, settings)  # no new data: the timers fired already, nothing more
+    assert len(_rows(settings, "reminders")) == 2

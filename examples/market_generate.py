@@ -11,11 +11,11 @@ import random
 from collections.abc import Sequence
 from pathlib import Path
 
-import transforms
-from transforms.apps.market_decoder import MarketData, Order, encode_market_data, encode_order
+import examples
+from examples.market_decoder import MarketData, Order, encode_market_data, encode_order
 from transforms.framing import DEFAULT_FRAMING
 
-REPO = Path(transforms.__file__).resolve().parents[1]
+REPO = Path(examples.__file__).resolve().parents[1]
 DEFAULT_SYMBOLS_FILE = REPO / "data" / "wallaroo" / "market_spread" / "symbols.txt"
 START = dt.datetime(2016, 9, 2, 15, 47, 52, tzinfo=dt.timezone.utc)
 _ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"

@@ -12,7 +12,7 @@ counts by (day, status):
 - TCP `log_windows_json`: Wallaroo's output, one framed JSON object per window `{"200": 147, ...}`.
 
 The second half of the module computes a day's summary (day, status, count) from `log_windows` or
-from `bronze_log_lines` (the recompute), used by the Dagster assets in `assets/logs.py`.
+from `bronze_log_lines` (the recompute), used by the Dagster wiring in `examples/logs_assets.py`.
 """
 
 from __future__ import annotations
@@ -25,17 +25,17 @@ from dataclasses import dataclass
 import pandas as pd
 import pyarrow as pa
 
+from examples.logs_decoder import LogRecord, decode_log_line
 from transforms import lake
-from transforms.api import Application, DeltaSink, TCPSink, encoder, source, state_computation
-from transforms.apps.logs_decoder import LogRecord
+from transforms.api import Application, DeltaSink, TCPSink, encoder, source
 from transforms.settings import Settings
-from transforms.streams import STREAMS
-from windows import Aggregator, TriggerState, TriggerWindows, WindowResult
+from transforms.windowing import field_is, trigger_windows
+from windows import Aggregator, TriggerState, WindowResult
 
 SOURCE = "logs"  # the stream, and the key: one window at a time per source
 WINDOWS_TABLE = "log_windows"
 SUMMARY_TABLE = "daily_return_code_summary"
-BRONZE_TABLE = STREAMS[SOURCE].bronze_table
+BRONZE_TABLE = "bronze_log_lines"
 MAX_LINES_PER_WINDOW: int | None = None  # the count trigger; off: a day's counts are small state
 
 
@@ -51,12 +51,8 @@ def _add_lines(acc: Counter, frame: pd.DataFrame) -> Counter:
     return acc
 
 
-LOG_WINDOWS = TriggerWindows(
-    Aggregator(create=Counter, add=_add_line, add_frame=_add_lines),
-    is_marker=lambda rec: rec.is_marker,
-    boundary=lambda rec: rec.day,
-    max_count=MAX_LINES_PER_WINDOW,
-)
+# Counts by (day, status); `add_frame` folds a micro-batch's lines at once (the batch form).
+STATUS_COUNTS = Aggregator(create=Counter, add=_add_line, add_frame=_add_lines)
 
 
 class LogSourceState(TriggerState):
@@ -84,41 +80,18 @@ def window_rows(w: WindowResult) -> list[WindowStatusCount]:
     ]
 
 
-def window_outputs(windows: list[WindowResult]) -> list:
+def window_outputs(w: WindowResult) -> list:
     """Per closed window: its rows (table and line sink), then the window itself (JSON sink)."""
-    out: list = []
-    for w in windows:
-        out.extend(window_rows(w))
-        out.append(w)
-    return out
+    return [*window_rows(w), w]
 
 
-def _source_key() -> str:
-    from transforms.engine import current_context
-
-    try:
-        return current_context().key
-    except RuntimeError:  # called outside the engine (tests): the one log source
-        return SOURCE
-
-
-@state_computation("window log lines", state=LogSourceState, batch=True)
-def window_lines(frame: pd.DataFrame, state: LogSourceState) -> list:
-    """One source's messages (sequence order, `_seq` column) -> the windows they close."""
-    emitted = LOG_WINDOWS.process_frame(
-        state,
-        _source_key(),
-        frame,
-        seq=frame["_seq"].to_numpy(),
-        markers=(frame["kind"] == "marker").to_numpy(),
-        boundaries=frame["day"].to_numpy(dtype=object),
-    )
-    return window_outputs(emitted.windows)
-
-
-def window_line(rec: LogRecord, seq: int, state: LogSourceState, key: str = SOURCE) -> list:
-    """The one-message form of `window_lines` (the reference its batch form must equal)."""
-    return window_outputs(LOG_WINDOWS.process(state, key, seq, rec).windows)
+# The window step: field names (not lambdas) let it fold each micro-batch as one DataFrame.
+window_lines = (
+    trigger_windows(is_marker=field_is("kind", "marker"), boundary="day", max_count=MAX_LINES_PER_WINDOW)
+    .over(STATUS_COUNTS, name="window log lines", state=LogSourceState)
+    .emit(window_outputs)
+)
+LOG_WINDOWS = window_lines.window  # the windows.TriggerWindows definition
 
 
 # -- sinks ------------------------------------------------------------------------------------------
@@ -150,16 +123,19 @@ LOG_WINDOWS_SCHEMA = pa.schema(
 
 log_app = Application(
     "logs",
-    source(SOURCE)
+    source(SOURCE, decoder=decode_log_line, port=7101, bronze_table=BRONZE_TABLE)
     .key_by("stream")  # one window at a time per source (the stream)
     .to(window_lines)
     .to_sink(
         DeltaSink(WINDOWS_TABLE, schema=LOG_WINDOWS_SCHEMA, accepts=WindowStatusCount),
-        TCPSink("log_counts", encode_count_line, accepts=WindowStatusCount),
-        TCPSink("log_windows_json", encode_window_json, framed=True, accepts=WindowResult),
+        TCPSink("log_counts", encode_count_line, accepts=WindowStatusCount, optional=True),
+        TCPSink("log_windows_json", encode_window_json, framed=True, accepts=WindowResult, optional=True),
     ),
     description="Return-code counts per log window (closed by END_OF_DAY, a new day or a count)",
+    # The daily summaries, their checks, sensor and schedule (Dagster wiring only).
+    dagster_defs="examples.logs_assets:defs",
 )
+app = log_app  # the entry registered by default: examples.logs:app
 
 
 # -- daily summaries (delta-rs only: no JVM) --------------------------------------------------------

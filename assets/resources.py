@@ -1,4 +1,5 @@
-"""Dagster resources. Both read the `EVENTIDE_*` environment; fields set in code override it."""
+"""Dagster resources, used by the assets and the orchestration. Both read the `EVENTIDE_*` environment;
+fields set in code override it."""
 
 
 import dataclasses

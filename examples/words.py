@@ -76,14 +76,17 @@ TOTALS_SCHEMA = pa.schema([("word", pa.string()), ("count", pa.int64()), ("seq",
 
 word_count = Application(
     "word_count",
-    source("text", decoder=decode_text)
+    source("text", decoder=decode_text, port=7104)
     .to(split)
     .key_by(lambda word: word)
     .to(count_word)
     .to_sink(
         DeltaSink("word_count_updates", schema=UPDATES_SCHEMA, metadata=("seq", "part")),
         DeltaSink("word_totals", mode="upsert", keys=("word",), schema=TOTALS_SCHEMA, metadata=("seq", "part")),
-        TCPSink("word_count_tcp", encode_word_count),
+        TCPSink("word_count_tcp", encode_word_count, optional=True),
     ),
     description="Running count per word of the `text` stream.",
 )
+
+
+app = word_count  # the entry registered by default: examples.words:app

@@ -1,13 +1,17 @@
-"""Log windows and the daily return-code summary, with its checks, sensor, schedule and job.
+"""The log app's Dagster extras: the daily return-code summary, its checks, sensor, schedule and job.
 
     landing_logs -> bronze_log_lines -> log_windows -> daily_return_code_summary (+ checks)
+
+Registered through the app: `Application("logs", ..., dagster_defs="examples.logs_assets:defs")`; the
+composition root (orchestration/definitions.py) merges `defs` with the app's own assets.
 
 A summary partition (one day) is produced three ways that give the same rows:
 - the sensor on `log_windows` (Delta version as cursor) requests the days of newly closed windows;
 - the hourly schedule requests days that are over by wall clock (+ grace) but whose summary is
   missing or behind bronze (days that never got a marker);
 - a backfill (Dagster UI, or `eventide backfill`) recomputes the days from bronze.
-The logic lives in transforms.apps.logs; this module only wires it into Dagster.
+`eventide run` asks the sensor and the schedule once after the pipelines and runs what they request.
+The logic lives in examples/logs.py; this module only wires it into Dagster.
 """
 
 import datetime as dt
@@ -16,18 +20,15 @@ import warnings
 import dagster as dg
 import pandas as pd
 
-from assets.apps import application_assets
 from assets.gx import validate
-from assets.ingest import landing_key
-from orchestration.resources import EventideSettings
-from transforms import lake
-from transforms.apps.logs import (
+from assets.resources import EventideSettings
+from assets.runs import in_backfill
+from examples.logs import (
     BRONZE_TABLE,
     SUMMARY_TABLE,
     WINDOWS_TABLE,
     bronze_days,
     bronze_line_count,
-    closed_window_days,
     days_behind_bronze,
     is_day_over,
     log_app,
@@ -37,16 +38,14 @@ from transforms.apps.logs import (
     windows_closed_since,
     write_summary,
 )
+from transforms import lake
 from transforms.settings import Settings
 
 SUMMARY_JOB = "daily_summary_job"
-BACKFILL_TAG = "dagster/backfill"  # set on every run of a Dagster backfill
-EVENTIDE_BACKFILL_TAG = "eventide/backfill"  # set by `eventide backfill` (in-process runs)
+GROUP = log_app.name
 
 # end_offset=1: today's partition exists too (a marker may close a day before midnight UTC).
-DAILY = dg.DailyPartitionsDefinition(start_date=Settings.from_env().partitions_start, end_offset=1)
-
-log_window_assets = application_assets(log_app, [landing_key("logs"), BRONZE_TABLE], "logs")
+DAILY = dg.DailyPartitionsDefinition(start_date=Settings().partitions_start, end_offset=1)
 
 
 class SummaryConfig(dg.Config):
@@ -62,7 +61,7 @@ def _markdown(rows: list[dict]) -> str:
     name=SUMMARY_TABLE,
     partitions_def=DAILY,
     deps=[WINDOWS_TABLE, BRONZE_TABLE],
-    group_name="daily",
+    group_name=GROUP,
     kinds={"delta"},
 )
 def daily_return_code_summary(
@@ -75,7 +74,7 @@ def daily_return_code_summary(
     """
     settings = eventide.get()
     day = context.partition_key
-    recompute = config.recompute_from_bronze or BACKFILL_TAG in context.run.tags or EVENTIDE_BACKFILL_TAG in context.run.tags
+    recompute = config.recompute_from_bronze or in_backfill(context)
     summary = summarize_day(settings, day, recompute=recompute)
     replaced = write_summary(settings, summary)
     context.log.info(f"{day}: {summary.rows.num_rows} rows from {summary.source} ({summary.reason}); "
@@ -83,6 +82,9 @@ def daily_return_code_summary(
     path = settings.table_path(SUMMARY_TABLE)
     return dg.MaterializeResult(
         metadata={
+            # One line on what the run did (`eventide backfill` prints it).
+            "outcome": f"{'replaced' if replaced else 'unchanged'}, {summary.rows.num_rows} rows, "
+                       f"{summary.total} lines from {summary.source}",
             "source": summary.source,
             "source_reason": summary.reason,
             "rows": dg.MetadataValue.int(summary.rows.num_rows),
@@ -173,15 +175,6 @@ def valid_partition(day: dt.date) -> bool:
     return DAILY.has_partition_key(day.isoformat())
 
 
-def days_to_summarize(settings: Settings, now: dt.datetime | None = None) -> list[str]:
-    """Partition keys `eventide run` should materialize after the pipelines ran: every day with a
-    closed window, and every day in bronze that is over by wall clock (plus the grace hours)."""
-    now = now or dt.datetime.now(dt.timezone.utc)
-    days = set(closed_window_days(settings))
-    days.update(d for d in bronze_days(settings) if is_day_over(d, settings.day_grace_hours, now))
-    return [d.isoformat() for d in sorted(days) if valid_partition(d)]
-
-
 @dg.sensor(job=daily_summary_job, minimum_interval_seconds=30, default_status=dg.DefaultSensorStatus.RUNNING)
 def log_windows_sensor(context: dg.SensorEvaluationContext, eventide: EventideSettings):
     """Requests the partition of every day a window closed, since the log_windows version in the cursor."""
@@ -221,7 +214,7 @@ def close_days_by_clock(context: dg.ScheduleEvaluationContext, eventide: Eventid
 
 
 defs = dg.Definitions(
-    assets=[log_window_assets, daily_return_code_summary],
+    assets=[daily_return_code_summary],
     asset_checks=SUMMARY_CHECKS,
     jobs=[daily_summary_job],
     sensors=[log_windows_sensor],

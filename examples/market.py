@@ -11,7 +11,8 @@ spread of exactly 5 cents, where `offer - bid` lands on either side of 0.05):
     spread = offer - bid;  mid = (bid + offer) / 2
     reject = spread >= 0.05 or spread / mid >= 0.05
 
-A zero mid (Wallaroo divided by zero) or a non-finite price rejects, with the reason recorded.
+A zero mid (Wallaroo divided by zero) or a non-finite price rejects, with the reason recorded (the
+decoders already refuse non-finite and negative prices, into quarantine: the rule stays total anyway).
 """
 
 from __future__ import annotations
@@ -25,16 +26,33 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from transforms.api import Application, DeltaSink, Emit, TCPSink, encoder, merge, source, state_computation
-from transforms.apps.market_decoder import (
+from examples.market_decoder import (
     ORDER_SCHEMA,
+    PRICE_MAX,
+    PRICE_MIN,
     MarketData,
     Order,
     OrderResult,
+    decode_market_data,
+    decode_order,
     encode_order_result,
     parse_market_data,
     parse_order,
+    prices_ok,
     timestamp_10us,
+)
+from transforms import lake
+from transforms.api import (
+    Application,
+    DeltaSink,
+    Emit,
+    TCPSink,
+    check,
+    encoder,
+    expect,
+    merge,
+    source,
+    state_computation,
 )
 
 SPREAD_LIMIT = 0.05  # both the absolute spread (dollars) and the spread relative to the mid
@@ -243,17 +261,72 @@ MARKET_STATE_TABLE = "market_state"
 ORDER_REJECTIONS_TABLE = "order_rejections"
 ORDER_RESULTS_SINK = "order_results"  # TCP: EVENTIDE_SINK_ORDER_RESULTS=HOST:PORT
 
-def _market_app(name: str, pipelines) -> Application:
-    return Application(name, pipelines.to_sink(*MARKET_SINKS), description=MARKET_DESCRIPTION)
+
+# -- checks on the tables (blocking: a failure stops what reads them) -------------------------------
+# A price is valid between PRICE_MIN and PRICE_MAX, the very bounds the decoders enforce on every price
+# that enters (examples/market_decoder.py): a message the decoders accept cannot fail these checks on
+# its own; what could is refused at the door, into quarantine, with its reason.
+def _finite_non_negative(*columns: str) -> list[dict]:
+    """great-expectations expectations, in their configuration form: declaring them needs no import
+    of great-expectations (seconds, in every Spark worker that loads this module). NaN counts as null
+    for GX; infinity is above the largest double."""
+    out = []
+    for c in columns:
+        out.append({"type": "expect_column_values_to_not_be_null", "kwargs": {"column": c}})
+        out.append({"type": "expect_column_values_to_be_between",
+                    "kwargs": {"column": c, "min_value": PRICE_MIN, "max_value": PRICE_MAX}})
+    return out
+
+
+def _bad_prices(df: pd.DataFrame, *columns: str) -> pd.Series:
+    bad = pd.Series(False, index=df.index)
+    for c in columns:
+        bad |= ~prices_ok(df[c].to_numpy(dtype=np.float64))
+    return bad
+
+
+PRICES_VALID = expect("market_state_prices_valid", *_finite_non_negative("bid", "offer"),
+                      description="bid and offer are finite and not negative")
+
+
+@check("market_state_reject_matches_rule",
+       description="each symbol's reject flag and reason agree with the spread rule for its last quote")
+def reject_matches_rule(df: pd.DataFrame) -> tuple[bool, dict]:
+    rule_reject, rule_reason = spread_decisions(df["bid"].to_numpy(), df["offer"].to_numpy())
+    reason = df["reason"].to_numpy(dtype=object)
+    same_reason = (reason == rule_reason) | (pd.isna(reason) & pd.isna(rule_reason))
+    reject = df["reject"]
+    same_reject = reject.notna().to_numpy() & (reject.fillna(False).to_numpy(dtype=bool) == rule_reject.astype(bool))
+    wrong = df["symbol"][~(same_reason & same_reject)]
+    repeated = df["symbol"][df["symbol"].duplicated()]
+    return wrong.empty and repeated.empty, {"disagreeing": len(wrong), "sample": sorted(wrong)[:10],
+                                            "repeated_symbols": sorted(set(repeated))[:10]}
+
+
+@check("order_rejections_accounted",
+       description="each rejection's symbol is known to market_state or recorded as never seen; prices valid")
+def rejections_accounted(df: pd.DataFrame, settings) -> tuple[bool, dict]:
+    state = settings.table_path(MARKET_STATE_TABLE)
+    known = set(lake.read(state, columns=["symbol"]).column("symbol").to_pylist()) if lake.exists(state) else set()
+    unaccounted = df["symbol"][~(df["symbol"].isin(known) | (df["reason"] == REASON_NEVER_SEEN))]
+    no_reason = int(df["reason"].isna().sum())
+    bad_prices = int(_bad_prices(df, "price", "last_bid", "last_offer").sum())
+    return unaccounted.empty and not no_reason and not bad_prices, {
+        "unaccounted": len(unaccounted), "sample": sorted(set(unaccounted))[:10],
+        "without_reason": no_reason, "invalid_prices": bad_prices}
+
+
+def _market_app(name: str, pipelines, **extra) -> Application:
+    return Application(name, pipelines.to_sink(*MARKET_SINKS), description=MARKET_DESCRIPTION, **extra)
 
 
 MARKET_DESCRIPTION = "Market spread: last quote per symbol and the orders rejected for a too-wide spread."
 MARKET_SINKS = (
     DeltaSink(MARKET_STATE_TABLE, mode="upsert", keys=("symbol",), schema=MARKET_STATE_SCHEMA,
-              accepts=SymbolQuote, metadata=("seq", "receive_time")),
+              accepts=SymbolQuote, metadata=("seq", "receive_time"), checks=(PRICES_VALID, reject_matches_rule)),
     DeltaSink(ORDER_REJECTIONS_TABLE, schema=ORDER_REJECTIONS_SCHEMA, accepts=OrderRejection,
-              metadata=("seq", "receive_time")),
-    TCPSink(ORDER_RESULTS_SINK, encode_rejection, framed=True, accepts=OrderRejection),
+              metadata=("seq", "receive_time"), checks=(rejections_accounted,)),
+    TCPSink(ORDER_RESULTS_SINK, encode_rejection, framed=True, accepts=OrderRejection, optional=True),
 )
 
 # Wallaroo's shape: each stream its own state computation on the shared per-symbol state, one
@@ -261,8 +334,8 @@ MARKET_SINKS = (
 market_app_per_message = _market_app(
     "market_spread_per_message",
     merge(
-        source("market_data").key_by(symbol_of).to(update_quote),
-        source("orders").key_by(symbol_of).to(check_order),
+        source("market_data", decoder=decode_market_data).key_by(symbol_of).to(update_quote),
+        source("orders", decoder=decode_order).key_by(symbol_of).to(check_order),
     ),
 )
 
@@ -270,8 +343,12 @@ market_app_per_message = _market_app(
 # in arrival order (decoded as columns: no Python object per message).
 market_app = _market_app(
     "market_spread",
-    merge(source("market_data").key_by("symbol"), source("orders").key_by("symbol")).to(market_spread),
+    merge(source("market_data", decoder=decode_market_data, port=7102).key_by("symbol"),
+          source("orders", decoder=decode_order, port=7103).key_by("symbol")).to(market_spread),
+    # Its check that needs the Dagster instance (rejections of the latest run): examples/market_assets.py.
+    dagster_defs="examples.market_assets:defs",
 )
+app = market_app  # the entry registered by default: examples.market:app
 
 # -- Wallaroo's model: one process, one loop ---------------------------------------------------------
 def run_loop(messages: Iterable[tuple[str, bytes]], now: dt.datetime | None = None

@@ -1,7 +1,8 @@
 """Decoding Apache Common Log Format lines (any method, also the request "-"), LF or CRLF.
 
 A payload equal to the marker (`END_OF_DAY` by default, trailing CR/LF ignored) decodes to a marker
-record, not a log line. Anything else that does not parse raises, and the engine quarantines it.
+record, not a log line. Anything else that does not parse is refused (a `Reject` with the reason: what
+was expected, what came), and the engine quarantines it.
 """
 
 from __future__ import annotations
@@ -10,9 +11,10 @@ import datetime as dt
 import re
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 
-from transforms.api import decoder
+from transforms.api import Reject, decoder
 from transforms.settings import get_settings
 
 # One set of patterns for both forms, in explicit ASCII classes: Python's \S and \d are Unicode-aware,
@@ -61,12 +63,19 @@ LOG_SCHEMA = pa.schema(
         ("bytes", pa.int64()),
     ]
 )
+_WITH_ERROR = LOG_SCHEMA.append(pa.field("_error", pa.string()))
+_MAX_BYTES = 2**63 - 1  # the bytes column is int64
+
+
+# Reasons say what was expected and what came: "log line: expected <what>, got <what came>".
+_CLF_FORM = 'host ident user [dd/Mon/yyyy:HH:MM:SS +zzzz] "request" status bytes'
 
 
 def parse_clf_time(text: str) -> tuple[dt.datetime, dt.date]:
     """`07/Mar/2004:16:05:49 -0800` -> (UTC instant, the local calendar day as written)."""
+    bad = f"expected a timestamp [dd/Mon/yyyy:HH:MM:SS +zzzz], got [{text}]"
     if not _CLF_TIME.match(text):
-        raise ValueError(f"bad timestamp [{text}]")
+        raise ValueError(bad)
     try:
         day_s, mon_s, rest = text.split("/", 2)
         year_s, hh, mm, ss_zone = rest.split(":", 3)
@@ -75,25 +84,29 @@ def parse_clf_time(text: str) -> tuple[dt.datetime, dt.date]:
         sign = -1 if zone[0] == "-" else 1
         offset = dt.timedelta(hours=int(zone[1:3]), minutes=int(zone[3:5])) * sign
     except (ValueError, KeyError, IndexError):
-        raise ValueError(f"bad timestamp [{text}]") from None
+        raise ValueError(bad) from None
     utc = (local - offset).replace(tzinfo=dt.timezone.utc)
     return utc, local.date()
 
 
 def parse_log_line(line: str, marker: str = "END_OF_DAY") -> LogRecord:
+    """The record, or ValueError saying what was expected and what came."""
+    if not line:
+        raise ValueError(f"expected a Common Log Format line or the marker {marker!r}, got an empty payload (0 bytes)")
     line = line.rstrip("\r\n")
     if line == marker:
         return LogRecord("marker")
     m = _CLF.match(line)
     if not m:
-        raise ValueError(f"not a Common Log Format line: {line[:200]!r}")
+        raise ValueError(f"expected a Common Log Format line ({_CLF_FORM}) or the marker {marker!r}, "
+                         f"got {line[:200]!r}")
     ts, day = parse_clf_time(m["ts"])
     request = m["request"]
     method = path = protocol = None
     if request != "-":
         r = re.match(_REQUEST, request)  # "GET / HTTP/1.0", or HTTP/0.9's "GET /"
         if not r:
-            raise ValueError(f"bad request field {request!r} in {line[:200]!r}")
+            raise ValueError(f'expected a request "METHOD PATH [PROTOCOL]" or "-", got "{request[:200]}"')
         method, path, protocol = r["method"], r["path"], r["protocol"]
     return LogRecord(
         "line",
@@ -106,13 +119,32 @@ def parse_log_line(line: str, marker: str = "END_OF_DAY") -> LogRecord:
         path=path,
         protocol=protocol,
         status=int(m["status"]),
-        bytes=None if m["bytes"] == "-" else int(m["bytes"]),
+        bytes=None if m["bytes"] == "-" else _byte_count(m["bytes"]),
     )
 
 
+def _byte_count(text: str) -> int:
+    n = int(text)
+    if n > _MAX_BYTES:
+        raise ValueError(f"expected a byte count up to {_MAX_BYTES}, got {text[:40]}")
+    return n
+
+
+def decode_log_payload(payload: bytes, marker: str) -> LogRecord | Reject:
+    """One payload: its record, or a Reject with the reason (no traceback: the column form's words too)."""
+    try:
+        text = payload.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return Reject(f"log line: expected UTF-8 text, got byte 0x{payload[e.start]:02x} at offset {e.start}")
+    try:
+        return parse_log_line(text, marker)
+    except ValueError as e:
+        return Reject(f"log line: {e}")
+
+
 @decoder(header_length=4, length_fmt=">I", schema=LOG_SCHEMA)
-def decode_log_line(payload: bytes) -> LogRecord:
-    return parse_log_line(payload.decode("utf-8"), get_settings().marker)
+def decode_log_line(payload: bytes) -> LogRecord | Reject:
+    return decode_log_payload(payload, get_settings().marker)
 
 
 # -- the same decoder over a whole column, with pyarrow compute (C++), for speed -------------------------
@@ -125,10 +157,10 @@ def _null_if(arr: pa.Array, value: str) -> pa.Array:
 
 
 def decode_log_column(payloads: pa.Array, marker: str) -> pa.Table:
-    """`parse_log_line` for a column of payloads: LOG_SCHEMA columns plus `_error` (None when decoded).
+    """`decode_log_payload` for a column of payloads: LOG_SCHEMA columns plus `_error` (None when decoded).
 
-    Equal to the one-line parser row for row (tests hold them together); rows it cannot handle
-    vectorized (invalid UTF-8) go through the one-line parser.
+    Equal to the one-line form row for row, reasons included (tests hold them together): rows it cannot
+    handle vectorized (invalid UTF-8) and the rows it refuses go through the one-line form.
     """
     import pyarrow.compute as pc
 
@@ -154,14 +186,12 @@ def decode_log_column(payloads: pa.Array, marker: str) -> pa.Table:
     dash_request = pc.equal(m.field("request"), "-")
     request_ok = pc.or_(dash_request, req.is_valid())
     matched = m.is_valid()
-    ok_line = pc.and_(pc.and_(matched, request_ok), pc.and_(local.is_valid(), zone_ok))
+    size = m.field("bytes")
+    # Up to 18 digits always fit int64; a longer byte count goes to the one-line form, which decides.
+    size_fits = pc.less_equal(pc.utf8_length(size), 18)
+    ok_line = pc.and_(pc.and_(pc.and_(matched, request_ok), pc.and_(local.is_valid(), zone_ok)), size_fits)
     ok_line = pc.fill_null(ok_line, False)
     is_line = pc.and_(pc.invert(is_marker), ok_line)
-    error = pc.if_else(
-        pc.or_(is_marker, ok_line),
-        pa.scalar(None, pa.string()),
-        pc.binary_join_element_wise("not a Common Log Format line (or bad timestamp/request): ", pc.utf8_slice_codeunits(line, 0, 200), ""),
-    )
 
     def on_lines(arr: pa.Array) -> pa.Array:
         return pc.if_else(is_line, arr, pa.scalar(None, arr.type))
@@ -169,7 +199,6 @@ def decode_log_column(payloads: pa.Array, marker: str) -> pa.Table:
     method = pc.if_else(dash_request, pa.scalar(None, pa.string()), req.field("method"))
     path = pc.if_else(dash_request, pa.scalar(None, pa.string()), req.field("path"))
     protocol = pc.if_else(dash_request, pa.scalar(None, pa.string()), _null_if(req.field("protocol"), ""))
-    size = m.field("bytes")
     columns = {
         "kind": pc.if_else(is_marker, "marker", pc.if_else(is_line, "line", pa.scalar(None, pa.string()))),
         "host": on_lines(m.field("host")),
@@ -182,20 +211,24 @@ def decode_log_column(payloads: pa.Array, marker: str) -> pa.Table:
         "protocol": on_lines(protocol),
         "status": pc.cast(on_lines(m.field("status")), pa.int32()),
         "bytes": pc.cast(_null_if(on_lines(size), "-"), pa.int64()),
-        "_error": error,
+        "_error": pa.nulls(len(payloads), pa.string()),
     }
-    return pa.table(columns, schema=LOG_SCHEMA.append(pa.field("_error", pa.string())))
+    table = pa.table(columns, schema=_WITH_ERROR)
+    refused = pc.invert(pc.fill_null(pc.or_(is_marker, ok_line), True)).to_numpy(zero_copy_only=False)
+    if not refused.any():
+        return table
+    # Refused lines are rare: the one-line form says why, in its own words.
+    redo, keep = np.nonzero(refused)[0], np.nonzero(~refused)[0]
+    parts = pa.concat_tables([table.take(pa.array(keep)), _decode_rows(payloads.take(pa.array(redo)), marker)])
+    return parts.take(pa.array(np.argsort(np.concatenate([keep, redo]), kind="stable")))
 
 
 def _decode_rows(payloads: pa.Array, marker: str) -> pa.Table:
     rows = []
     for p in payloads.to_pylist():
-        try:
-            rec = parse_log_line(p.decode("utf-8"), marker)
-            rows.append({**rec.__dict__, "_error": None})
-        except (ValueError, UnicodeDecodeError) as e:
-            rows.append({"kind": None, "_error": f"{type(e).__name__}: {e}"})
-    return pa.Table.from_pylist(rows, schema=LOG_SCHEMA.append(pa.field("_error", pa.string())))
+        out = decode_log_payload(p, marker)
+        rows.append({"kind": None, "_error": out.reason} if isinstance(out, Reject) else {**out.__dict__, "_error": None})
+    return pa.Table.from_pylist(rows, schema=_WITH_ERROR)
 
 
 @decode_log_line.column_form

@@ -1,0 +1,110 @@
+"""Planning without Spark: pipelines the engine cannot run fail here, naming the app; the chosen modes."""
+
+import dataclasses
+
+import pyarrow as pa
+import pytest
+
+from transforms.api import (
+    Application,
+    DeltaSink,
+    KeyMark,
+    Pipeline,
+    computation,
+    decoder,
+    merge,
+    source,
+    state_computation,
+)
+from transforms.engine import run_application
+from transforms.engine.plan import QueryMode, TimeMode, plan_queries
+from transforms.registry import registry_of
+from transforms.settings import Settings
+
+as_value = decoder(lambda p: {"value": int(p), "k": "a"}, schema=pa.schema([("value", pa.int64()), ("k", pa.string())]),
+                   name="as_value")
+
+
+class Total:
+    def __init__(self):
+        self.n = 0
+
+
+@state_computation("first", state=Total)
+def first(m, total):
+    total.n += m["value"]
+    return {"n": total.n}
+
+
+@state_computation("second", state=Total)
+def second(m, total):
+    return m
+
+
+@computation("shout")
+def shout(m):
+    return m
+
+
+def _settings(tmp_path, app):
+    return Settings(home=tmp_path, app_registry=registry_of([app]))
+
+
+def _merged(*steps):
+    m = merge(source("a", as_value).key_by("k"), source("b", as_value).key_by("k"))
+    for s in steps:
+        m = m.to(s)
+    return Application("two_states", m.to_sink(DeltaSink("out")))
+
+
+def test_two_state_computations_in_a_row_fail_at_plan_time_naming_the_app(tmp_path):
+    app = _merged(first, second)  # the builder of a merge does not see this; the plan does
+    with pytest.raises(ValueError) as e:
+        plan_queries(app, _settings(tmp_path, app))
+    msg = str(e.value)
+    assert "application 'two_states': pipeline on stream 'a' has two state computations in a row (first, then second)" in msg
+    assert "merge them into one state computation" in msg
+
+
+def test_run_application_rejects_them_before_any_spark_work(tmp_path):
+    app = _merged(first, second)
+    with pytest.raises(ValueError, match="two state computations in a row"):
+        run_application(None, app, _settings(tmp_path, app))
+
+
+def test_a_pipeline_built_by_hand_is_checked_too(tmp_path):
+    p = Pipeline("text", as_value, (KeyMark(), first, shout, second), "k", (DeltaSink("out"),))
+    app = Application("by_hand", p)
+    with pytest.raises(ValueError, match=r"'by_hand'.*two state computations in a row \(first, then second\)"):
+        plan_queries(app, _settings(tmp_path, app))
+    before_key = Application("before_key", dataclasses.replace(p, steps=(first,), key_fn=None))
+    with pytest.raises(ValueError, match="'before_key'.*state computation 'first' before key_by"):
+        plan_queries(before_key, _settings(tmp_path, before_key))
+
+
+def test_a_step_between_key_by_and_the_state_computation_fails_at_plan_time(tmp_path):
+    app = _merged(shout, first)
+    with pytest.raises(ValueError, match="step 'shout' between key_by and state computation 'first'"):
+        plan_queries(app, _settings(tmp_path, app))
+
+
+def test_one_state_computation_then_steps_plans(tmp_path):
+    app = _merged(first, shout)
+    (plan,) = plan_queries(app, _settings(tmp_path, app))
+    assert plan.keyed and plan.mode is QueryMode.ENVELOPE and plan.time_mode is TimeMode.NONE
+
+
+def test_modes_and_time_modes(tmp_path):
+    batch = state_computation("batch", state=Total, batch=True)(lambda df, total: df)
+    timed = state_computation("timed", state=Total, on_timer=lambda key, state, at: [])(lambda m, total: m)
+    apps = {
+        QueryMode.DIRECT: Application("direct", source("a", as_value).to_sink(DeltaSink("o", schema=as_value.schema))),
+        QueryMode.COLUMNAR: Application("columnar", source("a", as_value).key_by("k").to(batch).to_sink(DeltaSink("o"))),
+        QueryMode.ENVELOPE: Application("envelope", source("a", as_value).key_by("k").to(timed).to_sink(DeltaSink("o"))),
+    }
+    for mode, app in apps.items():
+        (plan,) = plan_queries(app, _settings(tmp_path, app))
+        assert plan.mode is mode, app.name
+    (timed_plan,) = plan_queries(apps[QueryMode.ENVELOPE], _settings(tmp_path, apps[QueryMode.ENVELOPE]))
+    assert timed_plan.time_mode is TimeMode.PROCESSING_TIME and timed_plan.time_mode.value == "ProcessingTime"
+    assert timed_plan.timers

@@ -1,0 +1,106 @@
+"""A decoder refuses a payload for its content by returning `Reject(reason)` (or, in a column form, a
+reason in `_error`): the engine quarantines it with the reason word for word, in every decode path."""
+
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+from transforms.api import Application, DeltaSink, Reject, UserFunctionError, computation, decoder, source
+from transforms.engine.plan import QueryMode, plan_queries
+from transforms.engine.stages import make_pre_stage
+from transforms.landing import LANDING_SCHEMA
+from transforms.settings import Settings
+
+SCHEMA = pa.schema([("celsius", pa.float64())])
+
+
+@dataclass
+class Reading:
+    celsius: float
+
+
+def _why_not(celsius: float) -> str | None:
+    return f"expected a temperature >= -273.15, got {celsius!r}" if celsius < -273.15 else None
+
+
+@decoder(schema=SCHEMA)
+def reading(payload: bytes) -> Reading | Reject:
+    celsius = float(payload)  # not a number: raises, and the error is the reason
+    why = _why_not(celsius)
+    return Reject(why) if why else Reading(celsius)
+
+
+@decoder(schema=SCHEMA)
+def reading_with_columns(payload: bytes) -> Reading | Reject:
+    return reading.fn(payload)
+
+
+@reading_with_columns.column_form
+def reading_columns(payloads: pa.Array) -> pa.Table:
+    celsius = pc.cast(pc.cast(payloads, pa.string()), pa.float64())
+    errors = [_why_not(c) for c in celsius.to_pylist()]
+    bad = pa.array([e is not None for e in errors])
+    return pa.table({"celsius": pc.if_else(bad, pa.scalar(None, pa.float64()), celsius), "_error": pa.array(errors, pa.string())})
+
+
+@computation("warmer")
+def warmer(r: Reading) -> Reading:
+    return Reading(r.celsius + 1)
+
+
+def _batch(*payloads: bytes) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pylist(
+        [{"stream": "text", "seq": i, "receive_time": None, "connection": "c", "payload": p, "landing_error": None}
+         for i, p in enumerate(payloads, 1)],
+        schema=LANDING_SCHEMA,
+    )
+
+
+def _stage(app: Application, mode: QueryMode, batch: pa.RecordBatch, fail_fast: bool = False) -> list[dict]:
+    (plan,) = plan_queries(app, Settings())
+    assert plan.mode is mode
+    (out,) = list(make_pre_stage(plan, fail_fast)(iter([batch])))
+    return sorted(out.to_pylist(), key=lambda r: r["seq"])
+
+
+# On the registered stream `text` (plans take its landing group from the registry), with the test's decoders.
+APPS = {
+    "envelope (one payload at a time)": (Application("t", source("text", decoder=reading).to(warmer).to_sink(DeltaSink("t"))),
+                                         QueryMode.ENVELOPE),
+    "direct, no column form": (Application("t", source("text", decoder=reading).to_sink(DeltaSink("t", schema=SCHEMA))),
+                               QueryMode.DIRECT),
+    "direct, column form's _error": (Application("t", source("text", decoder=reading_with_columns)
+                                                 .to_sink(DeltaSink("t", schema=SCHEMA))), QueryMode.DIRECT),
+}
+
+
+@pytest.mark.parametrize("which", list(APPS))
+def test_a_rejected_payload_is_quarantined_with_its_reason_word_for_word(which):
+    app, mode = APPS[which]
+    rows = _stage(app, mode, _batch(b"21.5", b"-300", b"4"))
+    assert [r["kind"] for r in rows] == ["out", "quarantine", "out"]
+    bad = rows[1]
+    assert bad["reason"] == "expected a temperature >= -273.15, got -300.0"
+    assert bad["step"] == f"decoder {app.pipelines[0].decoder.name}" and bad["payload"] == b"-300"
+
+
+def test_raising_still_quarantines_with_the_error_and_where():
+    app, mode = APPS["direct, no column form"]
+    (row,) = _stage(app, mode, _batch(b"warm"))
+    assert row["kind"] == "quarantine" and row["reason"].startswith("ValueError: could not convert string to float")
+    assert "test_decoder_reject.py:" in row["reason"]
+
+
+@pytest.mark.parametrize("which", ["envelope (one payload at a time)", "direct, no column form"])
+def test_fail_fast_stops_on_a_rejection_and_says_why(which):
+    app, mode = APPS[which]
+    with pytest.raises(RuntimeError, match=r"EVENTIDE_FAIL_FAST is on.*got -300\.0"):
+        _stage(app, mode, _batch(b"1", b"-300"), fail_fast=True)
+
+
+def test_a_reject_needs_a_reason():
+    for bad in ("", None, 3):
+        with pytest.raises(UserFunctionError, match="non-empty str"):
+            Reject(bad)

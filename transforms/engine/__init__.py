@@ -1,0 +1,46 @@
+"""The engine: compiles an Application's pipelines into Spark Structured Streaming queries.
+
+One query per pipeline (or merged group of pipelines). The modules follow a message's path:
+
+    plan.py          Application -> one QueryPlan per query: decoders resolved, steps checked, QueryMode
+    runner.py        wires a plan's stages and runs them (trigger availableNow), exactly once:
+      landing/<group>    file stream of closed parquet segments
+      stages.py          pre stage (mapInArrow): decode, stateless computations, key function
+      keyed_state.py     groupBy(key).transformWithStateInPandas: each key's messages in sequence order
+                         through the state computation, the key's state objects held in RocksDB
+      sinks.py           foreachBatch: quarantine rows first, then one writer per sink: Delta (each
+                         commit carries the app transaction (query, batch id), checked before writing),
+                         TCP (a marker file per sink)
+    envelope.py      the rows between the stages, and how user code is called
+
+Every row between stages is an envelope: sequence, part (position among the outputs of one input
+message), the pickled message, and the input's landing metadata. Errors in user code become
+quarantine envelopes and flow to the quarantine table; with `fail_fast` they stop the query.
+"""
+
+from transforms.engine.envelope import ENVELOPE, dumps
+from transforms.engine.keyed_state import Context, KeyedStateProcessor
+from transforms.engine.plan import QueryMode, QueryPlan, TimeMode, plan_queries
+from transforms.engine.runner import RunReport, build_stream, run_application, run_query
+from transforms.engine.sinks import QUARANTINE_SCHEMA, QUARANTINE_TABLE, BatchWriter, resolve_tcp_sinks
+from transforms.engine.stages import make_pre_stage
+
+__all__ = [
+    "ENVELOPE",
+    "QUARANTINE_SCHEMA",
+    "QUARANTINE_TABLE",
+    "BatchWriter",
+    "Context",
+    "KeyedStateProcessor",
+    "QueryMode",
+    "QueryPlan",
+    "RunReport",
+    "TimeMode",
+    "build_stream",
+    "dumps",
+    "make_pre_stage",
+    "plan_queries",
+    "resolve_tcp_sinks",
+    "run_application",
+    "run_query",
+]

@@ -1,0 +1,171 @@
+"""Planning: an Application's pipelines become QueryPlans, one Spark query each.
+
+A plan resolves each source's decoder, checks that the engine can run the pipeline, and picks how
+messages travel (QueryMode) and whether the stateful step needs timers (TimeMode).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+
+import pyarrow as pa
+
+from transforms.api import Application, DeltaSink, Merged, Pipeline, StateComputation
+from transforms.engine.envelope import DECODED_PREFIX, ENVELOPE
+from transforms.settings import Settings
+
+
+class QueryMode(str, Enum):
+    """How messages travel from the pre stage to the sinks. Every mode gives the same results."""
+
+    ENVELOPE = "envelope"
+    """Messages travel pickled in envelopes: works for every pipeline."""
+    DIRECT = "direct"
+    """Unkeyed, one schema'd Delta sink (bronze): the decoded columns are the sink's rows."""
+    COLUMNAR = "columnar"
+    """Keyed into a batch state computation by a field name: the decoded columns go to it as a
+    DataFrame, no Python object per message."""
+
+
+class TimeMode(str, Enum):
+    """The stateful step's time mode; the values are what Spark's transformWithState takes."""
+
+    NONE = "None"
+    """No timers."""
+    PROCESSING_TIME = "ProcessingTime"
+    """A state computation has `on_timer`: timers fire on processing time."""
+
+
+@dataclass(frozen=True)
+class QueryPlan:
+    """One Spark query: its branches (one for a plain pipeline), sinks and names."""
+
+    app: str
+    name: str
+    group: str
+    branches: tuple[Pipeline, ...]
+    sinks: tuple
+    keyed: bool
+    generation: int
+    # Bronze queries quarantine what the gateway could not frame; app queries skip it (counted once).
+    quarantine_landing_errors: bool = False
+    time_mode: TimeMode = TimeMode.NONE
+    mode: QueryMode = QueryMode.ENVELOPE
+    # direct/columnar: the decoded columns (for merged branches, the union of their decoders' columns)
+    decoded_schema: pa.Schema | None = None
+
+    @property
+    def stage_schema(self) -> pa.Schema:
+        """What the pre stage emits: the envelope, plus the decoded columns in direct/columnar mode."""
+        if self.mode is QueryMode.ENVELOPE:
+            return ENVELOPE
+        extra = [pa.field(DECODED_PREFIX + f.name, f.type) for f in self.decoded_schema]
+        return pa.schema(list(ENVELOPE) + extra)
+
+    @property
+    def streams(self) -> list[str]:
+        return [b.stream for b in self.branches]
+
+    @property
+    def timers(self) -> bool:
+        return self.time_mode is not TimeMode.NONE
+
+    def app_id(self, sink: str) -> str:
+        return f"{self.name}@g{self.generation}:{sink}"
+
+    def checkpoint(self, settings: Settings) -> Path:
+        return settings.checkpoints / self.name / f"v{self.generation}"
+
+
+def plan_queries(app: Application, settings: Settings, decoders: dict | None = None) -> list[QueryPlan]:
+    """Split an application into query plans; resolve each source's decoder."""
+    plans = []
+    for i, p in enumerate(app.pipelines):
+        branches = p.branches if isinstance(p, Merged) else (p,)
+        shared_steps = p.steps if isinstance(p, Merged) else ()
+        resolved = []
+        for b in branches:
+            dec = b.decoder or (decoders or {}).get(b.stream) or settings.registry.stream(b.stream).decoder
+            resolved.append(Pipeline(b.stream, dec, b.steps + shared_steps, b.key_fn, b.sinks, b.name))
+        for b in resolved:
+            _check_steps(app.name, b)
+        groups = {settings.group_of(b.stream) for b in resolved}
+        if len(groups) > 1:
+            raise ValueError(
+                f"application {app.name!r}: merged pipelines read streams {[b.stream for b in resolved]} "
+                f"from different sequence groups {sorted(groups)}; streams that share state must share a group "
+                "(register the app so that its merged streams land together)"
+            )
+        keyed = {b.key_fn is not None for b in resolved}
+        if len(keyed) > 1:
+            raise ValueError(f"application {app.name!r}: merged pipelines must all be keyed")
+        sinks = p.sinks
+        if not sinks:
+            raise ValueError(f"application {app.name!r}: pipeline {i} has no sink (.to_sink(...))")
+        timed = any(getattr(s, "on_timer", None) for b in resolved for s in b.post_steps)
+        mode, decoded = _choose_mode(resolved, sinks, keyed == {True}, timed)
+        name = app.name if len(app.pipelines) == 1 else f"{app.name}.{p.name if isinstance(p, Pipeline) and p.name else i}"
+        plans.append(
+            QueryPlan(
+                app=app.name,
+                name=name,
+                group=groups.pop(),
+                branches=tuple(resolved),
+                sinks=tuple(sinks),
+                keyed=keyed.pop(),
+                generation=app.generation,
+                quarantine_landing_errors=app.quarantine_landing_errors,
+                time_mode=TimeMode.PROCESSING_TIME if timed else TimeMode.NONE,
+                mode=mode,
+                decoded_schema=decoded,
+            )
+        )
+    return plans
+
+
+def _check_steps(app: str, b: Pipeline) -> None:
+    """The engine runs a state computation only first after key_by: reject the rest here, not at run
+    time (where every message would go to quarantine)."""
+    where = f"application {app!r}: pipeline on stream {b.stream!r}"
+    for s in b.pre_steps:
+        if isinstance(s, StateComputation):
+            raise ValueError(f"{where} has state computation {s.name!r} before key_by; key the pipeline first")
+    post = b.post_steps
+    states = [s for s in post if isinstance(s, StateComputation)]
+    if len(states) > 1:
+        raise ValueError(
+            f"{where} has two state computations in a row ({states[0].name}, then {states[1].name}); "
+            "Eventide runs one state computation per key_by; key_by again between them is not supported "
+            "yet — merge them into one state computation (its state class can hold both states)"
+        )
+    if states and post[0] is not states[0]:
+        raise ValueError(
+            f"{where} has step {post[0].name!r} between key_by and state computation {states[0].name!r}; "
+            "Eventide runs the state computation first after key_by — move the step before key_by"
+        )
+
+
+def _choose_mode(branches: list[Pipeline], sinks: tuple, keyed: bool, timed: bool) -> tuple[QueryMode, pa.Schema | None]:
+    """Columns instead of pickled objects where nothing needs the objects (same results, faster)."""
+    if any(b.pre_steps or b.decoder.schema is None for b in branches):
+        return QueryMode.ENVELOPE, None
+    if not keyed:
+        sink = sinks[0]
+        if len(branches) == 1 and len(sinks) == 1 and isinstance(sink, DeltaSink) and sink.schema is not None and sink.accepts is None:
+            return QueryMode.DIRECT, branches[0].decoder.schema
+        return QueryMode.ENVELOPE, None
+    first = branches[0].post_steps[0] if branches[0].post_steps else None
+    if timed or not (isinstance(first, StateComputation) and first.batch):
+        return QueryMode.ENVELOPE, None
+    if any(not isinstance(b.key_fn, str) or b.key_fn != branches[0].key_fn or not b.post_steps or b.post_steps[0] is not first
+           for b in branches):
+        return QueryMode.ENVELOPE, None
+    union: dict[str, pa.Field] = {}
+    for b in branches:
+        for f in b.decoder.schema:
+            if f.name in union and union[f.name].type != f.type:
+                return QueryMode.ENVELOPE, None  # same name, different types: keep objects
+            union.setdefault(f.name, f)
+    return QueryMode.COLUMNAR, pa.schema(list(union.values()))

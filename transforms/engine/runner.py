@@ -1,0 +1,178 @@
+"""Running: a plan's stream wired stage to stage, run with trigger availableNow, exactly once.
+
+Timers: Spark fires due processing-time timers in a micro-batch, and a query only runs a batch when
+a source has new data (a no-data batch needs an earlier batch of the same run, so a query restarted
+with nothing new would run none), so a timer of a quiet key would wait for the next message. A query
+with timers therefore also reads a clock: Spark's `rate-micro-batch` source, one tick row per batch,
+so every trigger runs a batch; the pre stage drops the ticks. A run with timers uses a
+processing-time trigger and stops after the first batch this run planned and executed in which the
+landing had nothing new: every timer due when the run started has fired, whether or not its key got
+a message. (A batch replayed from an earlier, interrupted run keeps its old timestamp, so it does not
+count; the trigger interval leaves an idle gap to stop in, so the stop interrupts no batch.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from transforms.api import Application
+from transforms.engine.envelope import ENVELOPE, TICK_STREAM
+from transforms.engine.keyed_state import KeyedStateProcessor
+from transforms.engine.plan import QueryPlan, plan_queries
+from transforms.engine.sinks import BatchWriter, resolve_tcp_sinks
+from transforms.engine.stages import make_pre_stage
+from transforms.landing import LANDING_DDL
+from transforms.settings import Settings
+
+
+@dataclass
+class RunReport:
+    query: str
+    batches: int = 0
+    input_rows: int = 0
+    rows_written: dict[str, int] = field(default_factory=dict)
+    quarantined: int = 0
+    skipped_batches: int = 0  # replayed batches whose commits were already in the lake
+    seconds: float = 0.0
+    max_lag_seconds: float | None = None
+
+
+def build_stream(spark, plan: QueryPlan, settings: Settings):
+    """The streaming DataFrame of a plan, up to the sinks."""
+    src_dir = settings.landing / plan.group
+    src_dir.mkdir(parents=True, exist_ok=True)
+    reader = spark.readStream.schema(LANDING_DDL)
+    if settings.max_files_per_trigger:
+        reader = reader.option("maxFilesPerTrigger", settings.max_files_per_trigger)
+    df = reader.parquet(str(src_dir.absolute()))
+    df = df.where(df.stream.isin(plan.streams))
+    if not plan.quarantine_landing_errors:
+        df = df.where(df.landing_error.isNull())
+    if plan.timers:
+        df = df.unionByName(clock_ticks(spark))
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    env = df.mapInArrow(make_pre_stage(plan, settings.fail_fast), from_arrow_schema(plan.stage_schema))
+    if plan.keyed:
+        env = env.groupBy("key").transformWithStateInPandas(
+            statefulProcessor=KeyedStateProcessor(plan, settings.fail_fast),
+            outputStructType=from_arrow_schema(ENVELOPE),
+            outputMode="Append",
+            timeMode=plan.time_mode.value,
+        )
+    return env
+
+
+def run_query(spark, plan: QueryPlan, settings: Settings, tcp_addresses: dict[str, str] | None = None,
+              progress: Callable[[str], None] | None = None) -> RunReport:
+    """Process everything landed so far (trigger availableNow), exactly once; returns what it did.
+
+    ConfigError before any Spark work if a TCP sink has no address and is not optional."""
+    addresses = resolve_tcp_sinks(plan.app, plan.sinks, tcp_addresses)
+    report = RunReport(plan.name)
+    stream = build_stream(spark, plan, settings)
+    writer = BatchWriter(plan, settings, report, addresses)
+    ckpt = plan.checkpoint(settings)
+    ckpt.parent.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    planned_before = last_planned_batch(ckpt)
+    writer_stream = (
+        stream.writeStream.queryName(plan.name.replace(".", "_"))
+        .foreachBatch(writer)
+        .option("checkpointLocation", str(ckpt.absolute()))
+    )
+    with no_data_batches(spark, plan.timers):
+        if plan.timers:
+            query = writer_stream.trigger(processingTime=TIMER_TRIGGER).start()
+        else:
+            query = writer_stream.trigger(availableNow=True).start()
+    try:
+        if plan.timers:
+            stop_after_no_data_batch(query, planned_before)
+        query.awaitTermination()
+    finally:
+        writer.close()
+    report.seconds = time.time() - started
+    report.input_rows = sum(landing_rows(p) for p in query.recentProgress)
+    if progress:
+        progress(f"{plan.name}: {report.input_rows} messages in {report.batches} batches, {report.seconds:.1f} s")
+    return report
+
+
+NO_DATA_BATCHES = "spark.sql.streaming.noDataMicroBatches.enabled"
+_conf_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def no_data_batches(spark, enabled: bool):
+    """Start a query with no-data micro-batches on (a session setting, read when the query starts)."""
+    if not enabled:
+        yield
+        return
+    with _conf_lock:
+        before = spark.conf.get(NO_DATA_BATCHES, None)
+        spark.conf.set(NO_DATA_BATCHES, "true")
+        try:
+            yield
+        finally:
+            if before is None:
+                spark.conf.unset(NO_DATA_BATCHES)
+            else:
+                spark.conf.set(NO_DATA_BATCHES, before)
+
+
+TIMER_TRIGGER = "1 second"
+
+
+def last_planned_batch(checkpoint) -> int:
+    """The highest batch id the checkpoint has planned (its offset log), -1 for a new one."""
+    offsets = checkpoint / "offsets"
+    ids = [int(p.name) for p in offsets.iterdir() if p.name.isdigit()] if offsets.is_dir() else []
+    return max(ids, default=-1)
+
+
+def clock_ticks(spark):
+    """One row per micro-batch in the landing's columns, so every trigger runs a batch (see above)."""
+    from pyspark.sql import functions as F
+
+    ticks = spark.readStream.format("rate-micro-batch").option("rowsPerBatch", 1).option("numPartitions", 1).load()
+    return ticks.select(F.lit(TICK_STREAM).alias("stream"), F.col("value").alias("seq"),
+                        F.col("timestamp").alias("receive_time"), F.lit(None).cast("string").alias("connection"),
+                        F.lit(None).cast("binary").alias("payload"), F.lit(None).cast("string").alias("landing_error"))
+
+
+def _landing_sources(progress: dict) -> list[dict]:
+    return [s for s in progress.get("sources", ()) if str(s.get("description", "")).startswith("FileStreamSource")]
+
+
+def landing_rows(progress: dict) -> int:
+    """Messages a batch read from the landing (clock ticks excluded)."""
+    return sum(int(s.get("numInputRows", 0)) for s in _landing_sources(progress))
+
+
+def _executed_without_new_landing(progress: dict) -> bool:
+    # An idle trigger also reports progress; only an executed batch ("addBatch") has fired timers.
+    return "addBatch" in progress.get("durationMs", {}) and all(
+        s.get("startOffset") == s.get("endOffset") for s in _landing_sources(progress))
+
+
+def stop_after_no_data_batch(query, planned_before: int, poll_seconds: float = 0.05) -> None:
+    """Wait until the query has executed a batch without new landing data that this run planned (so
+    its clock is this run's and its due timers fired), then stop it."""
+    while not query.awaitTermination(poll_seconds):
+        if any(p.get("batchId", -1) > planned_before and _executed_without_new_landing(p)
+               for p in query.recentProgress):
+            query.stop()
+            return
+
+
+def run_application(spark, app: Application, settings: Settings, tcp_addresses: dict[str, str] | None = None,
+                    progress: Callable[[str], None] | None = None) -> list[RunReport]:
+    """Run each query of `app` in turn. Plan and TCP sink errors come before any query starts."""
+    resolve_tcp_sinks(app.name, app.sinks(), tcp_addresses)
+    plans = plan_queries(app, settings)
+    return [run_query(spark, p, settings, tcp_addresses, progress) for p in plans]

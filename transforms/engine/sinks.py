@@ -1,0 +1,383 @@
+"""The sinks (foreachBatch): each micro-batch's quarantine rows and outputs, written exactly once.
+
+`BatchWriter` is the foreachBatch function. It splits a micro-batch into quarantine rows and
+outputs, writes the quarantine rows first (a bad message is never lost, even if a sink fails), then
+hands the outputs to one writer per sink, in the plan's order. A writer has `write(outputs, batch_id)`
+(True if it wrote the batch, False if it had already) and `close()`; `WRITERS` maps each kind of sink
+of transforms.api to its writer class, so a new kind of sink is a new class there.
+
+Exactly once: Delta writes carry the app transaction (query, batch id) and check it before writing;
+a TCP sink keeps a marker file of the last batch it sent.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from transforms import lake
+from transforms.api import DeltaSink, TCPSink, UserFunctionError, to_record
+from transforms.engine.envelope import DECODED_PREFIX
+from transforms.engine.plan import QueryMode, QueryPlan
+from transforms.settings import ConfigError, Settings
+
+if TYPE_CHECKING:
+    from transforms.engine.runner import RunReport
+
+QUARANTINE_TABLE = "quarantine"
+QUARANTINE_SCHEMA = pa.schema(
+    [
+        ("query", pa.string()),
+        ("stream", pa.string()),
+        ("seq", pa.int64()),
+        ("receive_time", pa.timestamp("us", tz="UTC")),
+        ("connection", pa.string()),
+        ("step", pa.string()),
+        ("reason", pa.string()),
+        ("payload", pa.binary()),
+        ("batch_id", pa.int64()),
+    ]
+)
+METADATA_COLUMNS = ("seq", "part", "stream", "receive_time", "connection")
+
+
+# -- the foreachBatch function ----------------------------------------------------------------------
+class BatchWriter:
+    """One query's foreachBatch function; `close()` when the query ends."""
+
+    def __init__(self, plan: QueryPlan, settings: Settings, report: RunReport,
+                 tcp_addresses: Mapping[str, str | None]):
+        ctx = WriteContext(plan, settings, report, tcp_addresses)
+        self.report = report
+        self.quarantine = QuarantineWriter(ctx)
+        self.sinks = make_sink_writers(ctx)
+
+    def __call__(self, batch_df, batch_id: int) -> None:
+        table = batch_df.toArrow() if hasattr(batch_df, "toArrow") else pa.Table.from_pandas(batch_df.toPandas())
+        table = table.sort_by([("seq", "ascending"), ("part", "ascending")]) if table.num_rows else table
+        kind = table.column("kind")
+        wrote_any = self.quarantine.write(_of_kind(table, kind, "quarantine"), batch_id)
+        outputs = Outputs(_of_kind(table, kind, "out"))
+        for sink in self.sinks:
+            wrote_any |= sink.write(outputs, batch_id)
+        report = self.report
+        report.batches += 1
+        if not wrote_any and table.num_rows:
+            report.skipped_batches += 1
+        rt = table.column("receive_time").drop_null()
+        if len(rt):
+            oldest = min(rt.to_pylist())
+            lag = time.time() - oldest.timestamp()
+            report.max_lag_seconds = max(report.max_lag_seconds or 0.0, lag)
+
+    def close(self) -> None:
+        for sink in self.sinks:
+            sink.close()
+
+
+def _of_kind(table: pa.Table, kind: pa.ChunkedArray, value: str) -> pa.Table:
+    return table.filter(pc.fill_null(pc.equal(kind, value), False))
+
+
+class Outputs:
+    """A micro-batch's "out" envelopes in order; the messages are unpickled on first use."""
+
+    def __init__(self, table: pa.Table):
+        self.table = table
+
+    @cached_property
+    def messages(self) -> list:
+        return [pickle.loads(b) for b in self.table.column("msg").to_pylist()]
+
+    @cached_property
+    def metadata(self) -> dict[str, list]:
+        return {c: self.table.column(c).to_pylist() for c in METADATA_COLUMNS}
+
+    def for_sink(self, sink: DeltaSink | TCPSink) -> tuple[list, dict[str, list]]:
+        """The outputs `sink` accepts, and the envelope columns of each."""
+        sel = [i for i, out in enumerate(self.messages) if sink.wants(out)]
+        return [self.messages[i] for i in sel], {c: [v[i] for i in sel] for c, v in self.metadata.items()}
+
+
+# -- writers -----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class WriteContext:
+    """What every writer of a query needs: its plan, the settings, the report it counts into, and the
+    resolved TCP addresses (`resolve_tcp_sinks`)."""
+
+    plan: QueryPlan
+    settings: Settings
+    report: RunReport
+    tcp_addresses: Mapping[str, str | None]
+
+    def count(self, name: str, rows: int) -> None:
+        self.report.rows_written[name] = self.report.rows_written.get(name, 0) + rows
+
+
+class SinkWriter:
+    """Writes one sink's share of each micro-batch: True if it wrote the batch, False if it had
+    already (a replay) or had nothing to write."""
+
+    def __init__(self, sink: Any, ctx: WriteContext):
+        self.sink, self.ctx = sink, ctx
+
+    def write(self, outputs: Outputs, batch_id: int) -> bool:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+class DeltaSinkWriter(SinkWriter):
+    """Appends to or upserts into a Delta table, each commit carrying the app transaction."""
+
+    sink: DeltaSink
+
+    def write(self, outputs: Outputs, batch_id: int) -> bool:
+        sink, plan = self.sink, self.ctx.plan
+        data = outputs_to_table(sink, *outputs.for_sink(sink))
+        if data.num_columns == 0:
+            return False  # nothing to infer a schema from yet; the batch has no rows for this sink
+        path = self.ctx.settings.table_path(sink.table)
+        if sink.mode == "append":
+            wrote = lake.append_once(path, data, plan.app_id(sink.table), batch_id, sink.partition_by)
+        else:
+            wrote = lake.merge_once(path, data, list(sink.keys), plan.app_id(sink.table), batch_id,
+                                    order_by=[c for c in ("seq", "part") if c in data.column_names])
+        if wrote:
+            self.ctx.count(sink.table, data.num_rows)
+        return wrote
+
+
+class DirectDeltaWriter(SinkWriter):
+    """Direct plans: the decoded columns are the one Delta sink's rows already (no objects)."""
+
+    sink: DeltaSink
+
+    def write(self, outputs: Outputs, batch_id: int) -> bool:
+        sink, plan, o = self.sink, self.ctx.plan, outputs.table
+        decoded = set(plan.decoded_schema.names)
+        data = pa.table(
+            {f.name: o.column(DECODED_PREFIX + f.name if f.name in decoded else f.name).cast(f.type) for f in sink.schema},
+            schema=sink.schema,
+        )
+        wrote = lake.append_once(self.ctx.settings.table_path(sink.table), data, plan.app_id(sink.table), batch_id,
+                                 sink.partition_by)
+        if wrote:
+            self.ctx.count(sink.table, data.num_rows)
+        return wrote
+
+
+class TCPSinkWriter(SinkWriter):
+    """Sends encoded outputs over one connection kept for the run; a marker file per sink records
+    the last batch sent, so a replayed batch is not sent twice. No address: the sink is off."""
+
+    sink: TCPSink
+
+    def __init__(self, sink: TCPSink, ctx: WriteContext):
+        super().__init__(sink, ctx)
+        self.address = ctx.tcp_addresses.get(sink.name)
+        self.conn = TCPConnection(self.address) if self.address else None
+        self.marker = ctx.plan.checkpoint(ctx.settings) / f"tcp-{sink.name}.sent"
+
+    def write(self, outputs: Outputs, batch_id: int) -> bool:
+        if self.conn is None:
+            return False
+        chosen, _ = outputs.for_sink(self.sink)
+        if not chosen:
+            return False
+        sent = self._send_once(chosen, batch_id)
+        self.ctx.count(f"tcp:{self.sink.name}", len(chosen))  # replays count too, as they always have
+        return sent
+
+    def _send_once(self, outs: list, batch_id: int) -> bool:
+        from transforms.framing import DEFAULT_FRAMING
+
+        sink, marker = self.sink, self.marker
+        if marker.exists() and int(marker.read_text() or -1) >= batch_id:
+            return False
+        data = b"".join(DEFAULT_FRAMING.encode(sink.encoder(o)) if sink.framed else sink.encoder(o) for o in outs)
+        try:
+            self.conn.send(data)
+        except OSError as e:
+            self.conn.close()
+            raise RuntimeError(
+                f"TCP sink {sink.name!r} could not write to {self.address}: {e}. Is the receiver listening?"
+            ) from e
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text(str(batch_id))
+        return True
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+
+
+QUARANTINE_KEYS = ("stream", "seq", "step")
+
+
+class QuarantineWriter:
+    """Writes a micro-batch's quarantine envelopes to the quarantine table, with the exact payloads:
+    one row per (stream, seq, step). A payload its stream's decoder rejects is rejected by every query
+    reading the stream (bronze and each app): the first query to write it keeps the row (its name is in
+    `query`), the others insert nothing. Insert-only merge with the app transaction: exactly once."""
+
+    def __init__(self, ctx: WriteContext):
+        self.ctx = ctx
+        self.path = ctx.settings.table_path(QUARANTINE_TABLE)
+
+    def write(self, q: pa.Table, batch_id: int) -> bool:
+        plan = self.ctx.plan
+        if q.num_rows and q.column("payload").null_count:
+            q = _with_landed_payloads(q, self.ctx.settings, plan.group)
+        qtable = pa.table(
+            {
+                "query": pa.array([plan.name] * q.num_rows, pa.string()),
+                "stream": q.column("stream"),
+                "seq": q.column("seq"),
+                "receive_time": q.column("receive_time").cast(pa.timestamp("us", tz="UTC")),
+                "connection": q.column("connection"),
+                "step": q.column("step"),
+                "reason": q.column("reason"),
+                "payload": q.column("payload"),
+                "batch_id": pa.array([batch_id] * q.num_rows, pa.int64()),
+            },
+            schema=QUARANTINE_SCHEMA,
+        )
+        wrote = False
+        # Once the table exists every batch commits, empty or not, so a replayed batch shows as skipped.
+        if q.num_rows or lake.exists(self.path):
+            seqs = pc.min_max(qtable.column("seq")) if q.num_rows else None
+            prune = f"t.seq >= {seqs['min']} AND t.seq <= {seqs['max']}" if seqs else None
+            wrote = lake.insert_new_once(self.path, qtable, QUARANTINE_KEYS, plan.app_id("quarantine"), batch_id,
+                                         prune=prune)
+        self.ctx.report.quarantined += q.num_rows
+        return wrote
+
+    def close(self) -> None:
+        pass
+
+
+def _with_landed_payloads(q: pa.Table, settings: Settings, group: str) -> pa.Table:
+    """Messages quarantined after the pre stage travel without their payload (it is not shuffled):
+    take it from the landing log, so every quarantine row holds the exact bytes that failed."""
+    from transforms.landing import payloads_for
+
+    payloads = q.column("payload").to_pylist()
+    seqs = q.column("seq").to_pylist()
+    landed = payloads_for(settings, group, [s for s, p in zip(seqs, payloads) if p is None])
+    filled = [p if p is not None else landed.get(s) for s, p in zip(seqs, payloads)]
+    return q.set_column(q.schema.get_field_index("payload"), "payload", pa.array(filled, pa.binary()))
+
+
+# -- building the writers of a query -----------------------------------------------------------------
+# The writer of each kind of sink of transforms.api.
+WRITERS: dict[type, type[SinkWriter]] = {DeltaSink: DeltaSinkWriter, TCPSink: TCPSinkWriter}
+
+
+def make_sink_writers(ctx: WriteContext) -> list[SinkWriter]:
+    """One writer per sink of the plan, in the plan's order."""
+    plan = ctx.plan
+    if plan.mode is QueryMode.DIRECT:
+        (sink,) = plan.sinks
+        return [DirectDeltaWriter(sink, ctx)]
+    writers = []
+    for sink in plan.sinks:
+        writer = WRITERS.get(type(sink))
+        if writer is None:
+            raise TypeError(f"query {plan.name!r}: no writer for sink {sink!r} (known: {[t.__name__ for t in WRITERS]})")
+        writers.append(writer(sink, ctx))
+    return writers
+
+
+def outputs_to_table(sink: DeltaSink, outs: list, meta: dict[str, list]) -> pa.Table:
+    """A Delta sink's outputs as rows of its schema (or inferred), with the metadata columns it asks for."""
+    records = [dict(to_record(o)) for o in outs]
+    for col in sink.metadata:
+        for r, v in zip(records, meta[col]):
+            r[col] = v
+    if sink.schema is not None:
+        names = sink.schema.names
+        try:
+            return pa.Table.from_pylist([{n: r.get(n) for n in names} for r in records], schema=sink.schema)
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+            raise UserFunctionError(
+                f"outputs for Delta sink {sink.table!r} do not fit its schema ({e}); first output: {outs[0]!r}"
+            ) from None
+    if not records:
+        return pa.table({})
+    return pa.Table.from_pylist(records)
+
+
+# -- TCP sinks: addresses and connections ---------------------------------------------------------------
+OFF = "off"
+
+
+def resolve_tcp_sinks(app: str, sinks, tcp_addresses: Mapping[str, str] | None = None,
+                      environ: Mapping[str, str] = os.environ) -> dict[str, str | None]:
+    """Each TCP sink's address ("HOST:PORT"), or None for a sink that is off.
+
+    From `tcp_addresses`, else `EVENTIDE_SINK_<NAME>=off`, else the sink's `address`, else
+    `EVENTIDE_SINK_<NAME>`. A sink without an address is off only when declared `optional=True`:
+    otherwise ConfigError, before any Spark work, so outputs are never dropped unnoticed.
+    """
+    given = tcp_addresses or {}
+    resolved: dict[str, str | None] = {}
+    for sink in sinks:
+        if not isinstance(sink, TCPSink):
+            continue
+        var = f"EVENTIDE_SINK_{sink.name.upper()}"
+        env = environ.get(var, "").strip()
+        if given.get(sink.name):
+            address, origin = given[sink.name], f"tcp_addresses[{sink.name!r}]"
+        elif env.lower() == OFF:
+            address, origin = OFF, var
+        elif sink.address:
+            address, origin = sink.address, "address=..."
+        else:
+            address, origin = env or None, var
+        if address is not None and address.strip().lower() == OFF:
+            resolved[sink.name] = None
+            continue
+        if address is None:
+            if sink.optional:
+                resolved[sink.name] = None
+                continue
+            raise ConfigError(
+                f"TCP sink {sink.name!r} of app {app!r} has no address: set {var}=HOST:PORT (or pass "
+                f"address=...), or declare it TCPSink(..., optional=True) to send only when that variable is set"
+            )
+        _, _, port = address.rpartition(":")
+        if not (port.isdigit() and 0 < int(port) < 65536):
+            raise ConfigError(f"TCP sink {sink.name!r} of app {app!r}: {origin}={address!r} is not HOST:PORT")
+        resolved[sink.name] = address
+    return resolved
+
+
+class TCPConnection:
+    """A TCP sink's connection, opened on first use and kept for the run."""
+
+    def __init__(self, address: str):
+        host, _, port = address.rpartition(":")
+        self.host, self.port = host or "127.0.0.1", int(port)
+        self.sock = None
+
+    def send(self, data: bytes) -> None:
+        import socket
+
+        if self.sock is None:
+            self.sock = socket.create_connection((self.host, self.port), timeout=30)
+        self.sock.sendall(data)
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None

@@ -1,0 +1,286 @@
+"""The pre stage (mapInArrow): decode each landed payload, run the stateless steps, key the message.
+
+It emits envelopes: "msg" rows for the stateful step when the pipeline is keyed, "out" rows for the
+sinks when it is not, "quarantine" rows for what failed. Direct and columnar plans decode whole
+columns and carry the decoded columns beside the envelope instead of pickled messages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from transforms.api import Computation, Reject, UserFunctionError, to_record
+from transforms.engine.envelope import (
+    DECODED_PREFIX,
+    ENVELOPE,
+    QUARANTINE_KEY,
+    TICK_STREAM,
+    Quarantined,
+    call_user,
+    dumps,
+    frame_to_records,
+)
+from transforms.engine.plan import QueryMode, QueryPlan
+
+LANDING_KEYS = ("stream", "connection")  # landing columns a pipeline may key by
+
+
+def _key_of(key_fn, msg, cols: dict, i: int, fail_fast: bool):
+    if isinstance(key_fn, str):
+        rec = to_record(msg)
+        if key_fn in rec:
+            return rec[key_fn]
+        if key_fn in LANDING_KEYS:
+            return cols[key_fn][i]
+        raise Quarantined("key_by", f"message has no field {key_fn!r}: {msg!r}")
+    return call_user("key_by", fail_fast, key_fn, msg)
+
+
+def decode_one(dec, payload: bytes, fail_fast: bool):
+    """One payload through a decoder's one-payload form: the message, or Quarantined when the decoder
+    raised or returned `Reject(reason)` (a rejection for the payload's content, kept word for word)."""
+    step = f"decoder {dec.name}"
+    msg = call_user(step, fail_fast, dec.fn, payload)
+    if isinstance(msg, Reject):
+        if fail_fast:
+            raise RuntimeError(f"{step!r} rejected a message (EVENTIDE_FAIL_FAST is on): {msg.reason}")
+        raise Quarantined(step, msg.reason)
+    return msg
+
+
+def decode_columns(dec, payloads: pa.Array, fail_fast: bool) -> tuple[pa.Table, list]:
+    """Decode a column of payloads into `dec.schema` columns; errors[i] is None or why row i failed."""
+    if dec.column_fn is not None:
+        table = dec.column_fn(payloads)
+        errors = table.column("_error").to_pylist()
+        table = table.drop_columns(["_error"]).cast(dec.schema)
+    else:
+        records, errors = [], []
+        for p in payloads.to_pylist():
+            try:
+                records.append(to_record(decode_one(dec, p, fail_fast)))
+                errors.append(None)
+            except Quarantined as q:
+                records.append({})
+                errors.append(q.reason)
+        table = pa.Table.from_pylist(records, schema=dec.schema)
+    if fail_fast and any(e is not None for e in errors):
+        bad = next(e for e in errors if e is not None)
+        raise RuntimeError(f"decoder {dec.name!r} failed on a message (EVENTIDE_FAIL_FAST is on): {bad}")
+    return table, errors
+
+
+def make_columnar_stage(plan: QueryPlan, fail_fast: bool):
+    """Direct/columnar pre stage: decode whole columns; no Python object per message."""
+    branches = plan.branches
+    union = plan.decoded_schema
+    schema = plan.stage_schema
+    ok_kind = "out" if plan.mode is QueryMode.DIRECT else "msg"
+    key = branches[0].key_fn
+
+    def decode_all(batch: pa.RecordBatch):
+        """Each branch decodes its own rows; the results are put back in input order."""
+        several = len(branches) > 1
+        streams = np.asarray(batch.column("stream").to_pylist(), dtype=object) if several else None
+        payloads = batch.column("payload")
+        n = batch.num_rows
+        tables, positions = [], []
+        errors: list = [None] * n
+        branch_no = np.zeros(n, dtype=np.int32)
+        steps: list = [None] * n
+        for bno, b in enumerate(branches):
+            idx = np.nonzero(streams == b.stream)[0] if several else np.arange(n)
+            if not len(idx):
+                continue
+            t, errs = decode_columns(b.decoder, payloads.take(pa.array(idx)) if several else payloads, fail_fast)
+            t = pa.table({f.name: t.column(f.name) if f.name in t.column_names else pa.nulls(t.num_rows, f.type)
+                          for f in union}, schema=union)
+            tables.append(t)
+            positions.append(idx)
+            branch_no[idx] = bno
+            for i, e in zip(idx, errs):
+                if e is not None:
+                    errors[i] = e
+                    steps[i] = f"decoder {b.decoder.name}"
+        decoded = pa.concat_tables(tables).take(pa.array(np.argsort(np.concatenate(positions), kind="stable")))
+        return decoded, errors, steps, branch_no
+
+    def stage(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            n = batch.num_rows
+            if n == 0:
+                continue
+            payloads = batch.column("payload")
+            decoded, errors, steps, branch_no = decode_all(batch)
+            landing_error = batch.column("landing_error")
+            if landing_error.null_count == n and all(e is None for e in errors):  # the usual batch: all good
+                landing_errors = reasons = steps = [None] * n
+                bad = pa.array(np.zeros(n, dtype=bool))
+            else:
+                landing_errors = landing_error.to_pylist()
+                reasons = [le if le is not None else e for le, e in zip(landing_errors, errors)]
+                steps = ["gateway" if le is not None else st for le, st in zip(landing_errors, steps)]
+                bad = pa.array([r is not None for r in reasons], pa.bool_())
+            cols = {
+                "kind": pc.if_else(bad, "quarantine", ok_kind),
+                "seq": batch.column("seq"),
+                "part": pa.array(np.zeros(n, dtype=np.int32)),
+                "branch": pa.array(branch_no),
+                "msg": pa.nulls(n, pa.binary()),
+                "stream": batch.column("stream"),
+                "receive_time": batch.column("receive_time"),
+                "connection": batch.column("connection"),
+                "step": pa.array(steps, pa.string()),
+                "reason": pa.array(reasons, pa.string()),
+                "payload": pc.if_else(bad, payloads, pa.scalar(None, pa.binary())),
+            }
+            if plan.mode is QueryMode.COLUMNAR:
+                if key in decoded.column_names:
+                    keys = decoded.column(key).cast(pa.string())
+                elif key in LANDING_KEYS:
+                    keys = batch.column(key)
+                else:
+                    raise ValueError(f"key_by({key!r}): not a decoded field nor one of {LANDING_KEYS}")
+                cols["key"] = pc.if_else(bad, QUARANTINE_KEY, keys)
+            else:
+                cols["key"] = pa.nulls(n, pa.string())
+            for f in union:
+                cols[DECODED_PREFIX + f.name] = pc.if_else(bad, pa.scalar(None, f.type), decoded.column(f.name))
+            arrays = []
+            for f in schema:
+                col = cols[f.name]
+                if isinstance(col, pa.ChunkedArray):
+                    col = col.combine_chunks()
+                arrays.append(col.cast(f.type))
+            yield pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+    return stage
+
+
+def _emit(out: dict, cols: dict, i: int, kind, seq, part, branch, key, msg, step, reason, payload) -> None:
+    """Append one envelope to `out`, carrying input row i's landing metadata."""
+    for name, value in (("kind", kind), ("seq", seq), ("part", part), ("branch", branch), ("key", key), ("msg", msg),
+                        ("step", step), ("reason", reason), ("payload", payload)):
+        out[name].append(value)
+    for name in ("stream", "receive_time", "connection"):
+        out[name].append(cols[name][i])
+
+
+def make_pre_stage(plan: QueryPlan, fail_fast: bool) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The plan's pre stage, for mapInArrow: landing rows in, envelopes (`plan.stage_schema`) out."""
+    stage = make_columnar_stage(plan, fail_fast) if plan.mode is not QueryMode.ENVELOPE else None
+    if plan.timers:  # drop the clock's ticks (see runner): they only make the batch run
+        inner = stage or _make_envelope_stage(plan, fail_fast)
+
+        def without_ticks(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            return inner(b.filter(pc.not_equal(b.column("stream"), TICK_STREAM)) for b in batches)
+
+        return without_ticks
+    return stage or _make_envelope_stage(plan, fail_fast)
+
+
+def _make_envelope_stage(plan: QueryPlan, fail_fast: bool) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    by_stream = {b.stream: (i, b) for i, b in enumerate(plan.branches)}
+    quarantine_landing = plan.quarantine_landing_errors
+    keyed = plan.keyed
+
+    def pre_stage(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            cols = batch.to_pydict()
+            out: dict[str, list] = {f.name: [] for f in ENVELOPE}
+
+            def quarantine(i, step, reason, out=out, cols=cols):
+                _emit(out, cols, i, "quarantine", cols["seq"][i], 0, by_stream[cols["stream"][i]][0], QUARANTINE_KEY,
+                      None, step, reason, cols["payload"][i])
+
+            # Decode every row, then run the steps over the whole micro-batch: (input row, message) pairs,
+            # so a batch computation sees all of them at once and one-message steps see one at a time.
+            items: dict[int, list] = {}  # branch -> [(row, message)]
+            for i in range(batch.num_rows):
+                branch_no, branch = by_stream[cols["stream"][i]]
+                if cols["landing_error"][i] is not None:
+                    if quarantine_landing:
+                        quarantine(i, "gateway", cols["landing_error"][i])
+                    continue
+                dec = branch.decoder
+                try:
+                    msg = decode_one(dec, cols["payload"][i], fail_fast)
+                except Quarantined as q:
+                    quarantine(i, q.step, q.reason)
+                    continue
+                if msg is not None:
+                    items.setdefault(branch_no, []).append((i, msg))
+            for branch_no, pairs in items.items():
+                branch = plan.branches[branch_no]
+                for step in branch.pre_steps:
+                    pairs = _apply_step_to_rows(step, pairs, fail_fast, quarantine)
+                parts: dict[int, int] = {}
+                for i, m in pairs:
+                    try:
+                        key = None
+                        if keyed:
+                            key = _key_of(branch.key_fn, m, cols, i, fail_fast)
+                            if key is None:
+                                raise Quarantined("key_by", f"key function returned None for {m!r}")
+                            key = str(key)
+                    except Quarantined as q:
+                        quarantine(i, q.step, q.reason)
+                        continue
+                    part = parts[i] = parts.get(i, -1) + 1
+                    _emit(out, cols, i, "msg" if keyed else "out", cols["seq"][i], part, branch_no, key, dumps(m),
+                          None, None, None)
+            yield pa.RecordBatch.from_pydict(out, schema=ENVELOPE)
+
+    return pre_stage
+
+
+def _apply_step_to_rows(step: Computation, pairs: list, fail_fast: bool, quarantine: Callable) -> list:
+    """One stateless step over (input row, message) pairs; a failure quarantines the input row it came from."""
+    if not step.batch:
+        out = []
+        for i, m in pairs:
+            try:
+                out.extend((i, o) for o in call_user(step.name, fail_fast, step.apply, m))
+            except Quarantined as q:
+                quarantine(i, q.step, q.reason)
+        return out
+    if not pairs:
+        return []
+    try:
+        records = apply_batch_computation(step, [{**to_record(m), "_row": i} for i, m in pairs], fail_fast)
+        if any("_row" not in r for r in records):
+            raise UserFunctionError(f"batch computation {step.name!r} must keep the `_row` column (which input each row answers)")
+    except (Quarantined, UserFunctionError) as e:
+        if fail_fast and isinstance(e, UserFunctionError):
+            raise
+        reason = e.reason if isinstance(e, Quarantined) else str(e)
+        for i in sorted({i for i, _ in pairs}):
+            quarantine(i, step.name, reason)
+        return []
+    return [(int(r.pop("_row")), r) for r in records]
+
+
+# -- stateless steps (also after the state computation) ---------------------------------------
+def apply_steps(steps: list, msgs: list, fail_fast: bool) -> list:
+    """Stateless steps over messages: one-message steps one at a time, batch steps on all of them."""
+    for step in steps:
+        if getattr(step, "batch", False):
+            msgs = apply_batch_computation(step, msgs, fail_fast) if msgs else []
+            continue
+        nxt = []
+        for m in msgs:
+            nxt.extend(call_user(step.name, fail_fast, step.apply, m))
+        msgs = nxt
+    return msgs
+
+
+def apply_batch_computation(step: Computation, msgs: list, fail_fast: bool) -> list:
+    """A batch computation: all messages in as one DataFrame, records out."""
+    df = pd.DataFrame.from_records([to_record(m) for m in msgs])
+    out = call_user(step.name, fail_fast, step.fn, df)
+    return frame_to_records(step.name, out)

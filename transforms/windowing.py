@@ -1,0 +1,359 @@
+"""Windows as a pipeline step (Wallaroo 0.6's `key_by(...).to(range_windows(...).over(Aggregation))`).
+
+    source("logs", decoder=decode_line)
+        .key_by("stream")
+        .to(trigger_windows(is_marker=field_is("kind", "marker"), boundary="day").over(counting()))
+        .to_sink(DeltaSink("windows", accepts=WindowResult))
+
+A window kind (`trigger_windows`, `event_time_windows`, `wall_clock_windows`) says when windows
+close; `.over(aggregator)` (a `windows.Aggregator`: `create()`, `add(acc, msg)`, optional
+`add_frame(acc, df)`) says what they hold, and returns a `WindowComputation`: a state computation
+like any other (`.to()` takes it after `key_by`), whose state is the key's open windows and whose
+outputs are the closed windows as `windows.WindowResult`s. `.emit(fn)` (or `over(..., outputs=fn)`)
+maps each closed window to output rows instead (one object, a list, or None); late messages of
+event-time windows with `late="route"` are output as `windows.LateEvent`s as they are.
+
+The window's key is the pipeline's key (`ctx.key`, see `transforms.api.Context`): each key has its
+own windows. Trigger windows run in the batch form (a key's messages of a micro-batch as one
+DataFrame, folded with `add_frame`) when the aggregator has `add_frame` and `is_marker`/`boundary`
+are field names or `field_is(...)`; otherwise, and for the time windows, one message at a time. Both
+forms give the same windows (`.one_message()` is the reference form, for tests).
+
+Wall-clock windows use processing-time timers: a window closes when its timer fires (see
+`transforms.api.Context` for when that is under `eventide run`), or when the key's next message
+finds it overdue.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+import pandas as pd
+
+from transforms.api import Context, StateComputation
+from windows import (
+    Aggregator,
+    Emitted,
+    EventTimeState,
+    EventTimeWindows,
+    LatePolicy,
+    TriggerState,
+    TriggerWindows,
+    WallClockState,
+    WallClockWindows,
+)
+
+__all__ = [
+    "FieldIs",
+    "WindowComputation",
+    "event_time_windows",
+    "field_is",
+    "trigger_windows",
+    "wall_clock_windows",
+]
+
+
+# -- reading a message's fields (one message, or a frame of them) -----------------------------------
+def _field(msg: Any, name: str) -> Any:
+    if isinstance(msg, dict):
+        if name not in msg:
+            raise KeyError(f"message has no field {name!r}: {msg!r}")
+        return msg[name]
+    try:
+        return getattr(msg, name)
+    except AttributeError:
+        raise KeyError(f"message has no field {name!r}: {msg!r}") from None
+
+
+def _column(frame: pd.DataFrame, name: str) -> pd.Series:
+    if name not in frame.columns:
+        raise KeyError(f"messages have no field {name!r} (columns: {list(frame.columns)})")
+    return frame[name]
+
+
+@dataclass(frozen=True)
+class FieldIs:
+    """True when a message's field equals `value`; works on one message and on a frame of them."""
+
+    name: str
+    value: Any
+
+    def __call__(self, msg: Any) -> bool:
+        return _field(msg, self.name) == self.value
+
+    def frame(self, frame: pd.DataFrame) -> np.ndarray:
+        return (_column(frame, self.name) == self.value).to_numpy(dtype=bool)
+
+
+def field_is(name: str, value: Any) -> FieldIs:
+    """`trigger_windows(is_marker=field_is("kind", "marker"))`: a marker is a message whose `kind`
+    is "marker". Unlike a lambda it has a frame form, so the window step can run in batch form."""
+    return FieldIs(name, value)
+
+
+@dataclass(frozen=True)
+class _Reader:
+    """A field name as a function of the message (and of a frame)."""
+
+    name: str
+    truthy: bool = False  # is_marker given as a field name: the field holds a bool
+
+    def __call__(self, msg: Any) -> Any:
+        value = _field(msg, self.name)
+        return bool(value) if self.truthy else value
+
+    def frame(self, frame: pd.DataFrame) -> np.ndarray:
+        col = _column(frame, self.name)
+        return col.fillna(False).to_numpy(dtype=bool) if self.truthy else col.to_numpy(dtype=object)
+
+
+def _reader(what: str, spec: Any, truthy: bool = False) -> Callable | None:
+    if spec is None or callable(spec):
+        return spec
+    if isinstance(spec, str):
+        return _Reader(spec, truthy)
+    raise TypeError(f"{what} must be a field name (str), a function of the message, or None; got {spec!r}")
+
+
+def _has_frame_form(fn: Callable | None) -> bool:
+    return fn is None or callable(getattr(fn, "frame", None))
+
+
+def _to_ms(value: Any, where: str) -> int:
+    """An event time as epoch milliseconds: int/float ms, datetime (naive = UTC), pandas Timestamp."""
+    if isinstance(value, pd.Timestamp):
+        value = value.to_pydatetime()
+    if isinstance(value, dt.datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=dt.timezone.utc)
+        return int(value.timestamp() * 1000)
+    if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool):
+        return int(value)
+    raise TypeError(f"{where}: event time must be epoch milliseconds or a datetime, got {value!r}")
+
+
+# -- the step ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class WindowComputation(StateComputation):
+    """A window step: a state computation whose outputs are the closed windows (or `emit`'s rows).
+
+    `window` is the window definition (`windows.TriggerWindows`, `EventTimeWindows` or
+    `WallClockWindows`) holding the aggregator.
+    """
+
+    window: Any = None
+    kind: Any = None  # the _WindowKind that built it
+    outputs: Callable | None = None
+
+    def emit(self, fn: Callable[[Any], Any]) -> WindowComputation:
+        """Map each closed window (`WindowResult`) to its output rows: one object, a list, or None."""
+        return self.kind.build(self.window, self.name, self.state, fn, self.batch)
+
+    def one_message(self) -> WindowComputation:
+        """The same step, one message at a time: the reference its batch form must equal."""
+        return self.kind.build(self.window, self.name, self.state, self.outputs, batch=False)
+
+
+@dataclass(frozen=True)
+class _Run:
+    """The functions a WindowComputation runs (picklable: Spark ships them to its workers)."""
+
+    kind: Any
+    window: Any
+    outputs: Callable | None
+
+    def rows(self, emitted: Emitted) -> list:
+        out: list = []
+        for w in emitted.windows:
+            if self.outputs is None:
+                out.append(w)
+                continue
+            rows = self.outputs(w)
+            if isinstance(rows, (list, tuple)):
+                out.extend(r for r in rows if r is not None)
+            elif rows is not None:
+                out.append(rows)
+        out.extend(emitted.late)
+        return out
+
+    def one(self, msg: Any, state: Any, ctx: Context) -> list:
+        emitted = self.kind.process(self.window, state, _need(ctx), msg)
+        for at in emitted.timers:
+            ctx.register_timer(at)
+        return self.rows(emitted)
+
+    def frame(self, frame: pd.DataFrame, state: Any, ctx: Context) -> list:
+        return self.rows(self.kind.process_frame(self.window, state, _need(ctx), frame))
+
+    def timer(self, key: str, state: Any, expiry_ms: int, ctx: Context) -> list:
+        return self.rows(self.window.on_timer(state, key, expiry_ms))
+
+
+def _need(ctx: Context | None) -> Context:
+    if ctx is None:
+        raise TypeError("a window step needs its Context (the key): call it as fn(message, state, Context(key=...))")
+    return ctx
+
+
+@dataclass(frozen=True)
+class _WindowKind:
+    """A window kind waiting for its aggregator: `.over(aggregator)` makes the step."""
+
+    state_class: ClassVar[type]
+    default_name: ClassVar[str]
+    timers: ClassVar[bool] = False  # closed by processing-time timers: the step gets on_timer
+
+    def definition(self, aggregator: Aggregator) -> Any:
+        raise NotImplementedError
+
+    def batch_form(self, window: Any) -> bool:
+        return False
+
+    def process(self, window: Any, state: Any, ctx: Context, msg: Any) -> Emitted:
+        raise NotImplementedError
+
+    def process_frame(self, window: Any, state: Any, ctx: Context, frame: pd.DataFrame) -> Emitted:
+        raise NotImplementedError
+
+    def over(self, aggregator: Aggregator, *, name: str | None = None, state: type | None = None,
+             outputs: Callable[[Any], Any] | None = None) -> WindowComputation:
+        """The window step folding each window's messages with `aggregator`.
+
+        `name` names the step (quarantine rows say which step failed); `state` may be a subclass of
+        the kind's state class (to keep an existing keyed state's class name); `outputs` maps each
+        closed window to its output rows (default: the `WindowResult` itself).
+        """
+        if not isinstance(aggregator, Aggregator):
+            raise TypeError(f"{self.default_name}: .over() takes a windows.Aggregator (e.g. windows.counting()), "
+                            f"got {aggregator!r}")
+        state = state or self.state_class
+        if not (isinstance(state, type) and issubclass(state, self.state_class)):
+            raise TypeError(f"{self.default_name}: state must be a subclass of {self.state_class.__name__}, got {state!r}")
+        window = self.definition(aggregator)
+        return self.build(window, name or self.default_name, state, outputs, self.batch_form(window))
+
+    def build(self, window, name, state, outputs, batch) -> WindowComputation:
+        run = _Run(self, window, outputs)
+        return WindowComputation(
+            fn=run.frame if batch else run.one,
+            name=name,
+            state=state,
+            batch=batch,
+            on_timer=run.timer if self.timers else None,
+            with_context=True,
+            window=window,
+            kind=self,
+            outputs=outputs,
+        )
+
+
+@dataclass(frozen=True)
+class TriggerWindowKind(_WindowKind):
+    state_class: ClassVar[type] = TriggerState
+    default_name: ClassVar[str] = "trigger windows"
+
+    is_marker: Callable | None = None
+    boundary: Callable | None = None
+    max_count: int | None = None
+
+    def definition(self, aggregator: Aggregator) -> TriggerWindows:
+        return TriggerWindows(aggregator, is_marker=self.is_marker, boundary=self.boundary, max_count=self.max_count)
+
+    def batch_form(self, window: TriggerWindows) -> bool:
+        return (window.aggregator.add_frame is not None and _has_frame_form(self.is_marker)
+                and _has_frame_form(self.boundary))
+
+    def process(self, window: TriggerWindows, state, ctx: Context, msg) -> Emitted:
+        return window.process(state, ctx.key, ctx.seq, msg)
+
+    def process_frame(self, window: TriggerWindows, state, ctx: Context, frame: pd.DataFrame) -> Emitted:
+        return window.process_frame(
+            state, ctx.key, frame, seq=frame["_seq"].to_numpy(),
+            markers=None if self.is_marker is None else self.is_marker.frame(frame),
+            boundaries=None if self.boundary is None else self.boundary.frame(frame),
+        )
+
+
+def trigger_windows(*, is_marker: str | Callable | None = None, boundary: str | Callable | None = None,
+                    max_count: int | None = None) -> TriggerWindowKind:
+    """Windows closed by the data: one open window per key, closed by a marker message (reason
+    `marker`; the marker itself is in no window), by a message whose `boundary` value differs from the
+    window's (`day_change`; that message opens the next window), or at `max_count` messages (`count`).
+
+    `is_marker`: a field name holding a bool, `field_is(name, value)`, or a function of the message.
+    `boundary`: a field name or a function of the message. None turns a trigger off.
+    """
+    if is_marker is None and boundary is None and max_count is None:
+        raise ValueError("trigger_windows: give at least one of is_marker, boundary, max_count (else no window closes)")
+    if max_count is not None and (not isinstance(max_count, int) or max_count < 1):
+        raise ValueError(f"trigger_windows: max_count must be a positive int, got {max_count!r}")
+    return TriggerWindowKind(_reader("trigger_windows(is_marker=...)", is_marker, truthy=True),
+                             _reader("trigger_windows(boundary=...)", boundary), max_count)
+
+
+@dataclass(frozen=True)
+class EventTimeWindowKind(_WindowKind):
+    state_class: ClassVar[type] = EventTimeState
+    default_name: ClassVar[str] = "event-time windows"
+
+    size_ms: int = 0
+    slide_ms: int | None = None
+    event_time: Callable | None = None
+    allowed_lateness_ms: int = 0
+    late: LatePolicy = LatePolicy.DROP
+
+    def definition(self, aggregator: Aggregator) -> EventTimeWindows:
+        return EventTimeWindows(aggregator, self.size_ms, self.slide_ms, self.allowed_lateness_ms, self.late)
+
+    def process(self, window: EventTimeWindows, state, ctx: Context, msg) -> Emitted:
+        event_ms = _to_ms(self.event_time(msg), "event_time_windows(event_time=...)")
+        return window.process(state, ctx.key, ctx.seq, event_ms, msg)
+
+
+def event_time_windows(size_ms: int, slide_ms: int | None = None, *, event_time: str | Callable,
+                       allowed_lateness_ms: int = 0, late: str = "drop") -> EventTimeWindowKind:
+    """Tumbling (`slide_ms` None) or sliding windows `[start, start + size_ms)` of event time.
+
+    `event_time`: a field name or function giving the message's time (epoch ms or a datetime). Each key
+    keeps its own watermark, its max event time minus `allowed_lateness_ms`; a window closes (reason
+    `watermark`) as soon as the watermark passes its end, in the same micro-batch. A message older than
+    the watermark is late: `late="drop"` counts it in the state, `late="route"` outputs it as a
+    `windows.LateEvent` (give it a sink with `accepts=LateEvent`).
+    """
+    if event_time is None:
+        raise ValueError("event_time_windows: event_time=... (a field name or a function of the message) is required")
+    try:
+        policy = LatePolicy(late)
+    except ValueError:
+        raise ValueError(f"event_time_windows: late must be 'drop' or 'route', got {late!r}") from None
+    kind = EventTimeWindowKind(size_ms, slide_ms, _reader("event_time_windows(event_time=...)", event_time),
+                               allowed_lateness_ms, policy)
+    kind.definition(Aggregator(create=int, add=lambda a, m: a))  # check the sizes now, not at .over()
+    return kind
+
+
+@dataclass(frozen=True)
+class WallClockWindowKind(_WindowKind):
+    state_class: ClassVar[type] = WallClockState
+    default_name: ClassVar[str] = "wall-clock windows"
+    timers: ClassVar[bool] = True
+
+    size_ms: int = 0
+
+    def definition(self, aggregator: Aggregator) -> WallClockWindows:
+        return WallClockWindows(aggregator, self.size_ms)
+
+    def process(self, window: WallClockWindows, state, ctx: Context, msg) -> Emitted:
+        return window.process(state, ctx.key, ctx.seq, ctx.processing_time_ms, msg)
+
+
+def wall_clock_windows(size_ms: int) -> WallClockWindowKind:
+    """Tumbling windows of processing time (aligned to `size_ms`), closed by a timer at their end
+    (reason `timer`): a key's window closes even if the key gets no further message."""
+    WallClockWindows(Aggregator(create=int, add=lambda a, m: a), size_ms)  # check the size now
+    return WallClockWindowKind(size_ms)
+
