@@ -60,8 +60,17 @@ def _files(paths: list[str]) -> list[Path]:
 def cmd_serve(args, settings) -> int:
     from orchestration.gateway import serve_forever
 
-    # --gateway-only: serve runs only the gateway today; the flag keeps scripts valid once it does more.
-    serve_forever(settings)
+    service = None
+    if not args.gateway_only:
+        from orchestration.service import Service
+
+        settings.registry  # noqa: B018 - a broken app stops serve before any port opens
+        service = Service(settings, say=lambda line: print(line, flush=True))
+    serve_forever(settings, service=service)
+    if service is not None and service.error is not None:
+        print(f"eventide serve: the queries did not run: {service.error}", flush=True)
+        return 1
+    print(f"eventide serve stopped: {service.summary()}" if service else "eventide serve stopped", flush=True)
     return 0
 
 
@@ -234,9 +243,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="eventide", description="Event-window analytics on Spark, Delta Lake and Dagster.")
     sub = p.add_subparsers(dest="command", required=True)
 
-    s = sub.add_parser("serve", help="run the gateway: one TCP port per registered stream, landing every message")
+    s = sub.add_parser("serve", help="run the service: one TCP port per registered stream, and every app's "
+                                     "queries continuously (outputs within a second)")
     s.add_argument("--gateway-only", action="store_true",
-                   help="run only the gateway (today serve runs nothing else)")
+                   help="run only the gateway: land messages; `eventide run` processes them")
     _app_option(s)
     s.set_defaults(fn=cmd_serve)
 

@@ -360,13 +360,15 @@ def state_path(settings: Settings) -> Path:
     return settings.home / STATE_FILE
 
 
-def record_ports(settings: Settings, ports: dict[str, int]) -> Path:
-    """Write `<home>/gateway.json` (pid, host, ports, started_at) atomically: a reader never sees half."""
+def record_ports(settings: Settings, ports: dict[str, int], queries: bool = False) -> Path:
+    """Write `<home>/gateway.json` (pid, host, ports, whether the queries run too, started_at)
+    atomically: a reader never sees half."""
     path = state_path(settings)
     state = {
         "pid": os.getpid(),
         "host": settings.bind_host,
         "ports": ports,
+        "queries": queries,
         "started_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
     }
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -413,20 +415,22 @@ def _say(line: str) -> None:
 
 
 def serve_forever(
-    settings: Settings, progress: Callable[[str], None] = _say, progress_interval: float = 5.0
+    settings: Settings, progress: Callable[[str], None] = _say, progress_interval: float = 5.0, service=None
 ) -> dict[str, int]:
-    """Run the gateway until SIGINT or SIGTERM, then close every segment. Main thread only.
+    """Run the gateway (and `service`: the queries, orchestration/service.py) until SIGINT or SIGTERM.
+    Stopping: the gateway stops accepting and closes every segment, then the service stops (its
+    batches in flight commit first). Main thread only.
 
     Raises LandingBusy if another process holds the landing area, GatewayError if a port is taken.
     Returns the final counters.
     """
-    return asyncio.run(_serve(settings, progress, progress_interval))
+    return asyncio.run(_serve(settings, progress, progress_interval, service))
 
 
-async def _serve(settings: Settings, progress: Callable[[str], None], progress_interval: float) -> dict:
+async def _serve(settings: Settings, progress: Callable[[str], None], progress_interval: float, service) -> dict:
     gateway = Gateway(settings)
     await gateway.start()
-    record = record_ports(settings, gateway.bound_ports)
+    record = record_ports(settings, gateway.bound_ports, queries=service is not None)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     # Installed explicitly: a process started in the background by a shell inherits SIGINT ignored,
@@ -438,16 +442,22 @@ async def _serve(settings: Settings, progress: Callable[[str], None], progress_i
     for stream, port in gateway.bound_ports.items():
         progress(f"listening for {stream} on {host}:{port}")
     progress(f"ports recorded in {record} (`eventide send STREAM FILE` finds them)")
+    if service is not None:
+        service.start()
     started = last_time = time.monotonic()
     last_count = 0
     last_connections = 0
     try:
         while not stop.is_set():
+            if service is not None and service.error is not None:
+                break  # the queries cannot run: stop rather than land what nothing will process
             try:
-                await asyncio.wait_for(stop.wait(), timeout=progress_interval)
+                await asyncio.wait_for(stop.wait(), timeout=1.0)
             except asyncio.TimeoutError:
                 pass
             now, landed, conns = time.monotonic(), gateway.landed, gateway.connections
+            if now - last_time < progress_interval:
+                continue
             if landed != last_count or conns != last_connections:  # quiet while idle
                 rate = (landed - last_count) / max(now - last_time, 1e-9)
                 progress(
@@ -461,7 +471,12 @@ async def _serve(settings: Settings, progress: Callable[[str], None], progress_i
         try:
             await gateway.stop()
         finally:
-            forget_ports(settings)
+            try:
+                if service is not None:
+                    progress("gateway closed; stopping the queries (batches in flight commit first) ...")
+                    await asyncio.get_running_loop().run_in_executor(None, service.stop)
+            finally:
+                forget_ports(settings)
     totals = {
         "messages": gateway.messages,
         "quarantined": gateway.quarantined,

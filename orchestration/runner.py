@@ -133,9 +133,12 @@ def _collect(result, summary: RunSummary, partition: str = "") -> set[dg.AssetKe
 
 
 def due_runs(defs: dg.Definitions, instance: dg.DagsterInstance, skip_jobs: tuple[str, ...] = (),
-             now: dt.datetime | None = None) -> list[DueRun]:
-    """Ask every standard sensor and schedule (default RUNNING) of `defs` once, without a cursor, and
-    return the runs they request, one per (job, partition), sorted. Those targeting `skip_jobs` are not asked."""
+             now: dt.datetime | None = None, cursors: dict[str, str | None] | None = None) -> list[DueRun]:
+    """Ask every standard sensor and schedule (default RUNNING) of `defs` once and return the runs they
+    request, one per (job, partition), sorted. Those targeting `skip_jobs` are not asked.
+
+    Without `cursors` sensors are asked without a cursor (everything they would ever request); with
+    it, each sensor gets its entry and the dict gets the cursor it leaves (`eventide serve` keeps one)."""
     now = now or dt.datetime.now(dt.timezone.utc)
     resources = dict(defs.resources or {})
     repo = defs.get_repository_def()  # partitioned run requests are resolved against it
@@ -145,9 +148,12 @@ def due_runs(defs: dg.Definitions, instance: dg.DagsterInstance, skip_jobs: tupl
         if (sensor.sensor_type.name not in _ASKED_SENSORS or sensor.default_status != dg.DefaultSensorStatus.RUNNING
                 or set(jobs) & set(skip_jobs)):
             continue
+        cursor = cursors.get(sensor.name) if cursors is not None else None
         with dg.build_sensor_context(instance=instance, resources=resources, sensor_name=sensor.name,
-                                     repository_def=repo) as ctx:
+                                     repository_def=repo, cursor=cursor) as ctx:
             data = sensor.evaluate_tick(ctx)
+        if cursors is not None and data.cursor is not None:
+            cursors[sensor.name] = data.cursor
         asked.append((sensor.name, jobs[0] if len(jobs) == 1 else None, list(data.run_requests or ())))
     for schedule in defs.schedules or ():
         if schedule.default_status != dg.DefaultScheduleStatus.RUNNING or schedule.job_name in skip_jobs:

@@ -50,6 +50,10 @@ class Settings:
     # Closed segments per micro-batch (each at most segment_max_bytes): bounds the driver's memory on a
     # large backlog (4M log lines in one batch exhausted a 1 GB driver). 0 = everything in one batch.
     max_files_per_trigger: int = 8
+    # `eventide serve`: seconds between the micro-batches of each running query.
+    trigger_interval: float = 0.5
+    # `eventide serve`: at most one Dagster event per table in this many seconds.
+    report_interval: float = 5.0
     # Daily summaries
     partitions_start: str = "2004-03-01"
     day_grace_hours: float = 6.0

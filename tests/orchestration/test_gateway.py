@@ -428,9 +428,12 @@ class Service:
         while True:
             remaining = deadline - time.monotonic()
             try:
-                line = self.lines.get(timeout=max(remaining, 0.01))
+                line = self.lines.get(timeout=max(min(remaining, 1.0), 0.01))
             except queue.Empty:
-                raise AssertionError(f"no line starting {start!r}; output so far: {self.output}") from None
+                if remaining > 1.0 and self.proc.poll() is None:
+                    continue
+                raise AssertionError(f"no line starting {start!r} (exit code {self.proc.poll()}); "
+                                     f"output so far: {self.output}") from None
             self.output.append(line)
             if line.startswith(start):
                 return line

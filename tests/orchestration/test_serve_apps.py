@@ -97,7 +97,7 @@ def test_eventide_ports_sets_the_port_of_a_new_stream(tmp_path):
     folder = _folder(tmp_path)
     port = _free_port()
     env = _env(folder, EVENTIDE_PORTS=f"temps={port}")
-    service = Service(env, folder, [EVENTIDE, "serve", "--app", "temps_app:app"])
+    service = Service(env, folder, [EVENTIDE, "serve", "--gateway-only", "--app", "temps_app:app"])
     try:
         assert service.wait_for_line("listening for temps") == f"listening for temps on 127.0.0.1:{port}"
         service.wait_for_line("ports recorded in")

@@ -10,7 +10,6 @@ import dataclasses
 import datetime as dt
 import shutil
 import socket
-import threading
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -38,9 +37,10 @@ from examples.market_decoder import (
     timestamp_10us,
 )
 from examples.market_generate import read_symbols
+from tests.tcp import Receiver
 from transforms import lake
 from transforms.engine import QUARANTINE_TABLE, plan_queries, run_application
-from transforms.framing import DEFAULT_FRAMING, iter_file_messages
+from transforms.framing import iter_file_messages
 from transforms.landing import Lander, read_landed
 
 pytestmark = pytest.mark.spark
@@ -53,48 +53,6 @@ T0 = dt.datetime(2016, 9, 2, 16, 0, 0, tzinfo=dt.timezone.utc)
 
 
 # -- a real TCP receiver ------------------------------------------------------------------------------
-class Receiver:
-    """Listens on 127.0.0.1; collects every byte of every connection until it is closed."""
-
-    def __init__(self):
-        self.server = socket.create_server(("127.0.0.1", 0))
-        self.address = f"127.0.0.1:{self.server.getsockname()[1]}"
-        self.chunks: list[bytes] = []
-        self.connections = 0
-        self.open = 0
-        self.cond = threading.Condition()
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self):
-        while True:
-            try:
-                conn, _ = self.server.accept()
-            except OSError:
-                return
-            with self.cond:
-                self.connections += 1
-                self.open += 1
-            threading.Thread(target=self._read, args=(conn,), daemon=True).start()
-
-    def _read(self, conn):
-        with conn:
-            while data := conn.recv(65536):
-                with self.cond:
-                    self.chunks.append(data)
-        with self.cond:
-            self.open -= 1
-            self.cond.notify_all()
-
-    def payloads(self, timeout: float = 10.0) -> list[bytes]:
-        """The frames received so far, once every connection is closed (the engine closes after a run)."""
-        with self.cond:
-            assert self.cond.wait_for(lambda: self.open == 0, timeout), "the TCP sink left its connection open"
-            return DEFAULT_FRAMING.split(b"".join(self.chunks))
-
-    def close(self):
-        self.server.close()
-
-
 @pytest.fixture
 def receiver():
     r = Receiver()

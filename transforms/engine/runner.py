@@ -13,8 +13,6 @@ count; the trigger interval leaves an idle gap to stop in, so the stop interrupt
 
 from __future__ import annotations
 
-import contextlib
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,6 +20,7 @@ from dataclasses import dataclass, field
 from transforms.api import Application
 from transforms.engine.envelope import ENVELOPE, TICK_STREAM
 from transforms.engine.keyed_state import KeyedStateProcessor
+from transforms.engine.locks import QueryLock, describe, holder_of
 from transforms.engine.plan import QueryPlan, plan_queries
 from transforms.engine.sinks import BatchWriter, resolve_tcp_sinks
 from transforms.engine.stages import make_pre_stage
@@ -39,6 +38,7 @@ class RunReport:
     skipped_batches: int = 0  # replayed batches whose commits were already in the lake
     seconds: float = 0.0
     max_lag_seconds: float | None = None
+    held_by: str | None = None  # not run: another process holds the query's lock (see locks.py)
 
 
 def build_stream(spark, plan: QueryPlan, settings: Settings):
@@ -71,25 +71,30 @@ def run_query(spark, plan: QueryPlan, settings: Settings, tcp_addresses: dict[st
               progress: Callable[[str], None] | None = None) -> RunReport:
     """Process everything landed so far (trigger availableNow), exactly once; returns what it did.
 
-    ConfigError before any Spark work if a TCP sink has no address and is not optional."""
+    ConfigError before any Spark work if a TCP sink has no address and is not optional. A query whose
+    lock another process holds (a running `eventide serve`, another run) is skipped and reported."""
     addresses = resolve_tcp_sinks(plan.app, plan.sinks, tcp_addresses)
     report = RunReport(plan.name)
-    stream = build_stream(spark, plan, settings)
+    lock = QueryLock(settings, plan.name)
+    if not lock.try_acquire():
+        report.held_by = describe(holder_of(settings, plan.name))
+        if progress:
+            progress(f"{plan.name}: skipped, {report.held_by} is running it (and processes what landed)")
+        return report
+    try:
+        return _run_locked(spark, plan, settings, addresses, report, progress)
+    finally:
+        lock.release()
+
+
+def _run_locked(spark, plan: QueryPlan, settings: Settings, addresses: dict, report: RunReport,
+                progress: Callable[[str], None] | None) -> RunReport:
     writer = BatchWriter(plan, settings, report, addresses)
-    ckpt = plan.checkpoint(settings)
-    ckpt.parent.mkdir(parents=True, exist_ok=True)
     started = time.time()
-    planned_before = last_planned_batch(ckpt)
-    writer_stream = (
-        stream.writeStream.queryName(plan.name.replace(".", "_"))
-        .foreachBatch(writer)
-        .option("checkpointLocation", str(ckpt.absolute()))
-    )
-    with no_data_batches(spark, plan.timers):
-        if plan.timers:
-            query = writer_stream.trigger(processingTime=TIMER_TRIGGER).start()
-        else:
-            query = writer_stream.trigger(availableNow=True).start()
+    planned_before = last_planned_batch(plan.checkpoint(settings))
+    # Timers need batches on the clock (see above); without them, availableNow ends by itself.
+    trigger = {"processingTime": TIMER_TRIGGER} if plan.timers else {"availableNow": True}
+    query = start_query(spark, plan, settings, writer, trigger)
     try:
         if plan.timers:
             stop_after_no_data_batch(query, planned_before)
@@ -103,29 +108,21 @@ def run_query(spark, plan: QueryPlan, settings: Settings, tcp_addresses: dict[st
     return report
 
 
-NO_DATA_BATCHES = "spark.sql.streaming.noDataMicroBatches.enabled"
-_conf_lock = threading.Lock()
-
-
-@contextlib.contextmanager
-def no_data_batches(spark, enabled: bool):
-    """Start a query with no-data micro-batches on (a session setting, read when the query starts)."""
-    if not enabled:
-        yield
-        return
-    with _conf_lock:
-        before = spark.conf.get(NO_DATA_BATCHES, None)
-        spark.conf.set(NO_DATA_BATCHES, "true")
-        try:
-            yield
-        finally:
-            if before is None:
-                spark.conf.unset(NO_DATA_BATCHES)
-            else:
-                spark.conf.set(NO_DATA_BATCHES, before)
+def start_query(spark, plan: QueryPlan, settings: Settings, writer: BatchWriter, trigger: dict):
+    """Start the plan's streaming query on its checkpoint, every batch through `writer`."""
+    ckpt = plan.checkpoint(settings)
+    ckpt.parent.mkdir(parents=True, exist_ok=True)
+    return (
+        build_stream(spark, plan, settings).writeStream.queryName(plan.name.replace(".", "_"))
+        .foreachBatch(writer)
+        .option("checkpointLocation", str(ckpt.absolute()))
+        .trigger(**trigger)
+        .start()
+    )
 
 
 TIMER_TRIGGER = "1 second"
+TICK_SOURCE = "rate-micro-batch"
 
 
 def last_planned_batch(checkpoint) -> int:
@@ -139,7 +136,7 @@ def clock_ticks(spark):
     """One row per micro-batch in the landing's columns, so every trigger runs a batch (see above)."""
     from pyspark.sql import functions as F
 
-    ticks = spark.readStream.format("rate-micro-batch").option("rowsPerBatch", 1).option("numPartitions", 1).load()
+    ticks = spark.readStream.format(TICK_SOURCE).option("rowsPerBatch", 1).option("numPartitions", 1).load()
     return ticks.select(F.lit(TICK_STREAM).alias("stream"), F.col("value").alias("seq"),
                         F.col("timestamp").alias("receive_time"), F.lit(None).cast("string").alias("connection"),
                         F.lit(None).cast("binary").alias("payload"), F.lit(None).cast("string").alias("landing_error"))

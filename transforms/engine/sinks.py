@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import pickle
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -50,13 +50,30 @@ METADATA_COLUMNS = ("seq", "part", "stream", "receive_time", "connection")
 
 
 # -- the foreachBatch function ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class BatchDone:
+    """What one micro-batch of a query wrote, for whoever watches a running query (`on_batch`).
+    `latencies`: seconds from the gateway's receipt of each input to the batch's commit, one per output
+    or quarantine row that carries a receive time."""
+
+    query: str
+    batch_id: int
+    rows_written: dict[str, int]  # table (or "tcp:<sink>") -> rows this batch
+    latencies: list[float]
+    committed_at: float
+    replayed: bool  # a batch whose writes were all in the lake already
+
+
 class BatchWriter:
-    """One query's foreachBatch function; `close()` when the query ends."""
+    """One query's foreachBatch function; `close()` when the query ends. `on_batch`, if given, hears
+    about every batch after its writes (called on the query's thread: keep it quick)."""
 
     def __init__(self, plan: QueryPlan, settings: Settings, report: RunReport,
-                 tcp_addresses: Mapping[str, str | None]):
+                 tcp_addresses: Mapping[str, str | None], on_batch: Callable[[BatchDone], None] | None = None):
         ctx = WriteContext(plan, settings, report, tcp_addresses)
+        self.plan = plan
         self.report = report
+        self.on_batch = on_batch
         self.quarantine = QuarantineWriter(ctx)
         self.sinks = make_sink_writers(ctx)
 
@@ -64,19 +81,24 @@ class BatchWriter:
         table = batch_df.toArrow() if hasattr(batch_df, "toArrow") else pa.Table.from_pandas(batch_df.toPandas())
         table = table.sort_by([("seq", "ascending"), ("part", "ascending")]) if table.num_rows else table
         kind = table.column("kind")
+        report = self.report
+        before = dict(report.rows_written)
         wrote_any = self.quarantine.write(_of_kind(table, kind, "quarantine"), batch_id)
         outputs = Outputs(_of_kind(table, kind, "out"))
         for sink in self.sinks:
             wrote_any |= sink.write(outputs, batch_id)
-        report = self.report
         report.batches += 1
         if not wrote_any and table.num_rows:
             report.skipped_batches += 1
+        now = time.time()
         rt = table.column("receive_time").drop_null()
-        if len(rt):
-            oldest = min(rt.to_pylist())
-            lag = time.time() - oldest.timestamp()
-            report.max_lag_seconds = max(report.max_lag_seconds or 0.0, lag)
+        latencies = (pc.subtract(pa.scalar(now), pc.divide(rt.cast(pa.int64()), 1e6)).to_pylist() if len(rt) else [])
+        if latencies:
+            report.max_lag_seconds = max(report.max_lag_seconds or 0.0, max(latencies))
+        if self.on_batch is not None:
+            written = {k: v - before.get(k, 0) for k, v in report.rows_written.items() if v != before.get(k, 0)}
+            self.on_batch(BatchDone(self.plan.name, batch_id, written, latencies, now,
+                                    bool(table.num_rows) and not wrote_any))
 
     def close(self) -> None:
         for sink in self.sinks:

@@ -1,0 +1,239 @@
+"""`eventide serve`: the gateway plus, in one Spark session, every registered app's queries running
+continuously (transforms/engine/live.py), watched by Dagster.
+
+- Every stream's bronze query and every app's queries start on a processing-time trigger
+  (`EVENTIDE_TRIGGER_INTERVAL`, 0.5 s) over the same checkpoints as `eventide run`; one line says
+  when all of them run. A failed query is restarted with backoff.
+- Each committed batch is reported to Dagster as a runless materialization of the tables it changed,
+  at most one per table every `EVENTIDE_REPORT_INTERVAL` seconds (rows added, Delta version,
+  throughput, latency percentiles from gateway receipt to commit).
+- After tables change, the apps' sensors (with cursors kept here) and schedules are asked what is due
+  and the runs they request execute here, in this process and JVM: the log app's daily summaries
+  follow the log windows without anything run by hand. Schedules are asked at least once a minute,
+  so a day with no marker and no later line is closed by the clock.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from transforms.engine.sinks import BatchDone
+from transforms.settings import Settings
+
+SCHEDULE_EVERY_SECONDS = 60.0
+
+
+@dataclass
+class _Pending:
+    rows: int = 0
+    batches: int = 0
+    latencies: list[float] = field(default_factory=list)
+    first_at: float = 0.0
+    last_at: float = 0.0
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    """p50 / p95 / p99 / max of `values` (nearest rank), rounded to the millisecond."""
+    if not values:
+        return {}
+    ordered = sorted(values)
+
+    def rank(p: float) -> float:
+        return ordered[min(len(ordered) - 1, max(0, int(round(p / 100 * len(ordered) + 0.5)) - 1))]
+
+    return {"p50": round(rank(50), 3), "p95": round(rank(95), 3), "p99": round(rank(99), 3), "max": round(ordered[-1], 3)}
+
+
+class DagsterReporter:
+    """Collects committed batches (from the queries' threads) and reports them to the Dagster instance,
+    throttled per table. `flush(force)` from one thread."""
+
+    def __init__(self, settings: Settings, interval: float | None = None, clock: Callable[[], float] = time.time):
+        from orchestration.runner import dagster_instance
+
+        self.settings = settings
+        self.interval = settings.report_interval if interval is None else interval
+        self.clock = clock
+        self.instance = dagster_instance(settings)
+        self._lock = threading.Lock()
+        self._pending: dict[str, _Pending] = {}
+        self._last_report: dict[str, float] = {}
+        self.events = 0
+        self.changed = threading.Event()  # a table changed since the follow-ups last looked
+
+    def on_batch(self, done: BatchDone) -> None:
+        tables = [t for t, n in done.rows_written.items() if n and not t.startswith("tcp:")]
+        if not tables:
+            return
+        with self._lock:
+            for t in tables:
+                p = self._pending.setdefault(t, _Pending(first_at=done.committed_at))
+                p.rows += done.rows_written[t]
+                p.batches += 1
+                p.latencies.extend(done.latencies)
+                p.last_at = done.committed_at
+        self.changed.set()
+
+    def flush(self, force: bool = False) -> int:
+        """Report every table whose last report is older than the interval (all, with `force`)."""
+        import dagster as dg
+
+        from transforms import lake
+
+        now = self.clock()
+        with self._lock:
+            due = {t: p for t, p in self._pending.items()
+                   if force or now - self._last_report.get(t, 0.0) >= self.interval}
+            for t in due:
+                del self._pending[t]
+                self._last_report[t] = now
+        for table, p in due.items():
+            path = self.settings.table_path(table)
+            since = self._last_report.get(f"{table}/window", p.first_at)
+            span = max(p.last_at - min(since, p.first_at), 1e-3)
+            meta = {
+                "rows_added": dg.MetadataValue.int(p.rows),
+                "batches": dg.MetadataValue.int(p.batches),
+                "delta_version": dg.MetadataValue.int(lake.version(path) if lake.exists(path) else -1),
+                "rows_per_second": dg.MetadataValue.float(round(p.rows / span, 1)),
+                **{f"latency_{k}_seconds": dg.MetadataValue.float(v) for k, v in percentiles(p.latencies).items()},
+                "source": dg.MetadataValue.text("eventide serve"),
+            }
+            self.instance.report_runless_asset_event(dg.AssetMaterialization(asset_key=table, metadata=meta))
+            self._last_report[f"{table}/window"] = p.last_at
+            self.events += 1
+        return len(due)
+
+
+class FollowUps:
+    """Asks the apps' sensors and schedules what is due and runs it here (one at a time)."""
+
+    def __init__(self, settings: Settings, say: Callable[[str], None]):
+        from orchestration.definitions import build_definitions
+        from orchestration.runner import dagster_instance
+
+        self.settings, self.say = settings, say
+        self.defs = build_definitions(settings.registry)
+        self.instance = dagster_instance(settings)
+        self.cursors: dict[str, str | None] = {}
+        self.runs = 0
+
+    def run_due(self, now: dt.datetime | None = None) -> int:
+        from orchestration.runner import RunSummary, _collect, due_runs, execute_due
+        from orchestration.sensors import PIPELINES_JOB
+
+        due = due_runs(self.defs, self.instance, skip_jobs=(PIPELINES_JOB,), now=now, cursors=self.cursors)
+        for run in due:
+            summary = RunSummary()
+            _collect(execute_due(self.defs, self.instance, run), summary, run.partition_key)
+            what = f"{run.job}{f'[{run.partition_key}]' if run.partition_key else ''}"
+            failed = [f"{f.asset} {f.check}" for f in summary.check_failures] + summary.failures
+            self.say(f"{what} (asked by {run.requested_by}): " + (f"FAILED {'; '.join(failed)}" if failed else "done"))
+            self.runs += 1
+        return len(due)
+
+
+class Service:
+    """The queries of every registered app (and every stream's bronze), run until `stop()`."""
+
+    def __init__(self, settings: Settings, say: Callable[[str], None] = print, dagster: bool = True):
+        self.settings, self.say, self.dagster = settings, say, dagster
+        self.queries = []
+        self.reporter: DagsterReporter | None = None
+        self.follow_ups: FollowUps | None = None
+        self.all_running = threading.Event()
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._main, name="eventide-queries", daemon=True)
+        self._follow_thread = threading.Thread(target=self._follow_main, name="eventide-follow-ups", daemon=True)
+
+    def start(self) -> Service:
+        self._thread.start()
+        return self
+
+    def _plans(self):
+        from transforms.engine import plan_queries
+        from transforms.streams import bronze_application
+
+        registry = self.settings.registry
+        apps = [bronze_application(s) for s in registry.streams.values()] + list(registry.apps)
+        return [p for app in apps for p in plan_queries(app, self.settings)]
+
+    def _main(self) -> None:
+        from transforms.engine.live import LiveQuery
+        from transforms.engine.sinks import resolve_tcp_sinks
+        from transforms.spark import get_spark
+
+        try:
+            plans = self._plans()
+            addresses = {}
+            for p in plans:
+                addresses.update(resolve_tcp_sinks(p.app, p.sinks, None))
+            if self.dagster:
+                self.reporter = DagsterReporter(self.settings)
+                self.follow_ups = FollowUps(self.settings, self.say)
+            self.say(f"starting Spark and {len(plans)} queries ...")
+            spark = get_spark(self.settings)
+            on_batch = self.reporter.on_batch if self.reporter else None
+            self.queries = [LiveQuery(spark, p, self.settings, addresses, on_batch, self.say) for p in plans]
+        except BaseException as e:  # noqa: BLE001 - reported by serve, which then stops
+            self.error = e
+            self.say(f"the queries could not start: {e}")
+            return
+        if self.dagster:
+            self._follow_thread.start()
+        started = time.monotonic()
+        try:
+            while not self._stop.is_set():
+                for q in self.queries:
+                    q.poll()
+                if not self.all_running.is_set() and all(q.running for q in self.queries):
+                    self.all_running.set()
+                    self.say(f"all {len(self.queries)} queries running (trigger every "
+                             f"{self.settings.trigger_interval:g} s), {time.monotonic() - started:.1f} s after start")
+                self._stop.wait(0.2)
+        finally:
+            for q in self.queries:
+                q.stop()
+
+    def _follow_main(self) -> None:
+        last_schedules = 0.0
+        while not self._stop.is_set():
+            changed = self.reporter.changed.wait(self.settings.report_interval)
+            if self._stop.is_set():
+                break
+            try:
+                self.reporter.flush()
+                due_by_clock = time.monotonic() - last_schedules >= SCHEDULE_EVERY_SECONDS
+                if changed or due_by_clock:
+                    self.reporter.changed.clear()
+                    if due_by_clock:
+                        last_schedules = time.monotonic()
+                    self.follow_ups.run_due()
+            except Exception as e:  # noqa: BLE001 - a failed follow-up is reported; the queries go on
+                self.say(f"follow-up runs failed: {e}")
+
+    def stop(self, timeout: float = 60.0) -> None:
+        self._stop.set()
+        if self.reporter:
+            self.reporter.changed.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        if self._follow_thread.is_alive():
+            self._follow_thread.join(timeout)
+        if self.reporter:
+            self.reporter.flush(force=True)
+
+    def summary(self) -> str:
+        batches = sum(q.report.batches for q in self.queries)
+        restarts = sum(q.failures for q in self.queries)
+        return f"{len(self.queries)} queries, {batches} batches, {restarts} restarts"
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else 0.0

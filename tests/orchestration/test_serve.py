@@ -1,0 +1,107 @@
+"""`eventide serve` runs the apps' queries continuously: results over TCP and in Delta without any
+`eventide run`. Real processes, real sockets, real Spark."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from examples.market import MARKET_STATE_TABLE as STATE_TABLE
+from examples.market import ORDER_REJECTIONS_TABLE
+from examples.market_decoder import Order, encode_order, parse_order_result
+from tests.orchestration.test_gateway import Service
+from tests.tcp import Receiver
+from transforms import lake
+from transforms.framing import DEFAULT_FRAMING
+from transforms.settings import Settings
+
+EVENTIDE = str(Path(sys.executable).parent / "eventide")
+DATA = Path(__file__).resolve().parents[2] / "data" / "wallaroo"
+NBBO = DATA / "market_spread" / "350-symbols_initial-nbbo-fixish.msg"
+FIFTEEN = "GOOG GPS INSM IVR MDRX MYGN NFX NI NYCB PPHM SIAL SLH TGT TMO TTPH".split()
+UNKNOWN = ["Z001", "Z002", "Z003", "Z004", "Z005"]
+START_SECONDS = 240  # a cold JVM and every query's first batch, on a busy 2-core machine
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env(home: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EVENTIDE_")}
+    return {**env, "EVENTIDE_HOME": str(home), **extra}
+
+
+def _send(port: int, data: bytes) -> None:
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.sendall(data)
+        s.shutdown(socket.SHUT_WR)
+        s.recv(1)  # the gateway closes its side once everything is landed
+
+
+def _rows(home: Path, table: str) -> list[dict]:
+    path = Settings(home=home).table_path(table)
+    return lake.read(path).to_pylist() if lake.exists(path) else []
+
+
+def _wait_for(what, timeout: float, poll: float = 0.2):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if got := what():
+            return got
+        time.sleep(poll)
+    return what()
+
+
+@pytest.mark.spark
+def test_serve_answers_orders_over_tcp_within_seconds_without_a_run(tmp_path):
+    home, receiver = tmp_path / "home", Receiver()
+    ports = {"market_data": _free_port(), "orders": _free_port()}
+    env = _env(home, EVENTIDE_APPS="examples.market:app", EVENTIDE_SINK_ORDER_RESULTS=receiver.address,
+               EVENTIDE_PORTS=",".join(f"{k}={v}" for k, v in ports.items()))
+    service = Service(env, tmp_path, [EVENTIDE, "serve"])
+    try:
+        service.wait_for_line("all ", timeout=START_SECONDS)
+        _send(ports["market_data"], NBBO.read_bytes())
+        assert len(_wait_for(lambda: len(_rows(home, STATE_TABLE)) >= 350 and _rows(home, STATE_TABLE), 60)) == 350
+
+        orders = [Order(1, 7, f"R{i:05d}", sym, 100.0, 42.5, dt_now()) for i, sym in enumerate(FIFTEEN + UNKNOWN)]
+        sent_at = time.time()
+        _send(ports["orders"], b"".join(DEFAULT_FRAMING.encode(encode_order(o)) for o in orders))
+        frames = receiver.wait_for_frames(20, timeout=30)
+        assert len(frames) == 20, service.output
+        results = [parse_order_result(f) for _, f in frames]
+        assert sorted(r.symbol.strip() for r in results) == sorted(FIFTEEN + UNKNOWN)
+        assert sorted(r.order_id for r in results) == sorted(o.order_id for o in orders)
+        latest = max(t for t, _ in frames) - sent_at
+        print(f"20 OrderResults {latest:.2f} s after sending")  # -s shows it; make bench measures latency
+        assert latest <= 2.0, f"the last OrderResult came {latest:.2f} s after the orders were sent"
+        rejected = _wait_for(lambda: len(_rows(home, ORDER_REJECTIONS_TABLE)) >= 20 and _rows(home, ORDER_REJECTIONS_TABLE), 30)
+        assert sorted(r["order_id"] for r in rejected) == sorted(o.order_id for o in orders)
+    finally:
+        code = service.stop(signal.SIGTERM)
+        receiver.close()
+    assert code == 0, service.output
+    out = "\n".join(service.output + list(_drain(service)))
+    assert "stopping the queries" in out and "eventide serve stopped" in out
+
+
+def dt_now():
+    import datetime as dt
+
+    return dt.datetime.now(dt.timezone.utc)
+
+
+def _drain(service) -> list[str]:
+    out = []
+    while not service.lines.empty():
+        out.append(service.lines.get())
+    return out

@@ -1,0 +1,67 @@
+"""A TCP listener for tests of TCP sinks: real sockets on 127.0.0.1."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+from transforms.framing import DEFAULT_FRAMING
+
+
+class Receiver:
+    """Listens on 127.0.0.1; collects every byte of every connection (with its arrival time)."""
+
+    def __init__(self):
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self.server.getsockname()[1]}"
+        self.chunks: list[bytes] = []
+        self.arrivals: list[tuple[float, bytes]] = []  # (time.time() at receipt, chunk)
+        self.connections = 0
+        self.open = 0
+        self.cond = threading.Condition()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                return
+            with self.cond:
+                self.connections += 1
+                self.open += 1
+            threading.Thread(target=self._read, args=(conn,), daemon=True).start()
+
+    def _read(self, conn):
+        with conn:
+            while data := conn.recv(65536):
+                with self.cond:
+                    self.chunks.append(data)
+                    self.arrivals.append((time.time(), data))
+                    self.cond.notify_all()
+        with self.cond:
+            self.open -= 1
+            self.cond.notify_all()
+
+    def payloads(self, timeout: float = 10.0) -> list[bytes]:
+        """The frames received so far, once every connection is closed (the engine closes after a run)."""
+        with self.cond:
+            assert self.cond.wait_for(lambda: self.open == 0, timeout), "the TCP sink left its connection open"
+            return DEFAULT_FRAMING.split(b"".join(self.chunks))
+
+    def wait_for_frames(self, n: int, timeout: float) -> list[tuple[float, bytes]]:
+        """Wait until `n` frames arrived (connections may stay open); (arrival time, frame) of each."""
+        def frames():  # one sink connection at a time: its chunks in order make whole frames
+            dec, out = DEFAULT_FRAMING.decoder(), []
+            for t, chunk in self.arrivals:
+                out.extend((t, f) for f in dec.feed(chunk))
+            return out
+
+        with self.cond:
+            self.cond.wait_for(lambda: len(frames()) >= n, timeout)
+            return frames()
+
+    def close(self):
+        self.server.close()
+
