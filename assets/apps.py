@@ -40,6 +40,9 @@ def run_metadata(reports: list[RunReport]) -> dict:
         "quarantined": dg.MetadataValue.int(sum(r.quarantined for r in reports)),
         # Batches replayed after a crash whose commits were already in the lake (written nothing twice).
         "replayed_batches": dg.MetadataValue.int(sum(r.skipped_batches for r in reports)),
+        # Queries another process (a running `eventide serve`) holds: not run here, processed there.
+        **({"held_by": "; ".join(f"{r.query}: {r.held_by}" for r in reports if r.held_by)}
+           if any(r.held_by for r in reports) else {}),
     }
 
 

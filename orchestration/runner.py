@@ -34,16 +34,41 @@ _ASKED_SENSORS = ("STANDARD", "ASSET")  # run-status and automation sensors reac
 
 def dagster_instance(settings: Settings) -> dg.DagsterInstance:
     home = settings.dagster_home.absolute()
-    home.mkdir(parents=True, exist_ok=True)
-    config = home / "dagster.yaml"
-    if not config.exists():
-        config.write_text("telemetry:\n  enabled: false\n")
+    write_instance_config(home)
     os.environ["DAGSTER_HOME"] = str(home)
     # Resources read settings from the environment: make sure they see the same home and apps.
     os.environ["EVENTIDE_HOME"] = str(settings.home.absolute())
     if settings.app_registry is None:
         os.environ["EVENTIDE_APPS"] = settings.apps
     return dg.DagsterInstance.get()
+
+
+# What Eventide needs of the instance; other keys a user adds to dagster.yaml are kept.
+INSTANCE_CONFIG = {
+    "telemetry": {"enabled": False},
+    # One Dagster run at a time (sensor, schedule, UI, backfill): runs start a JVM each, and two runs
+    # must never work over one checkpoint (the query locks would make the second skip it).
+    "concurrency": {"runs": {"max_concurrent_runs": 1}},
+}
+
+
+def write_instance_config(dagster_home) -> None:
+    """Write `<dagster_home>/dagster.yaml` with INSTANCE_CONFIG, keeping what else it holds."""
+    import yaml
+
+    dagster_home.mkdir(parents=True, exist_ok=True)
+    path = dagster_home / "dagster.yaml"
+    config = (yaml.safe_load(path.read_text()) or {}) if path.exists() else {}
+    merged = _merge(INSTANCE_CONFIG, config)
+    if merged != config:
+        path.write_text(yaml.safe_dump(merged, sort_keys=False))
+
+
+def _merge(ours: dict, theirs: dict) -> dict:
+    out = dict(theirs)
+    for k, v in ours.items():
+        out[k] = _merge(v, theirs.get(k) or {}) if isinstance(v, dict) else v
+    return out
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ import json
 import dagster as dg
 
 from assets.resources import EventideSettings
+from orchestration.gateway import running_gateway
 from transforms.landing import list_segments
 
 PIPELINES_JOB = "pipelines_job"
@@ -16,6 +17,9 @@ def new_segments_sensor(context: dg.SensorEvaluationContext, eventide: EventideS
     """Starts the pipelines when the landing log of any registered stream has closed segments newer
     than the last run saw."""
     settings = eventide.get()
+    live = running_gateway(settings)
+    if live and live.get("queries"):
+        return dg.SkipReason(f"eventide serve (pid {live['pid']}) runs the pipelines continuously")
     seen = json.loads(context.cursor) if context.cursor else {}
     latest = {}
     for log in sorted(settings.registry.logs):

@@ -16,7 +16,6 @@ continuously (transforms/engine/live.py), watched by Dagster.
 from __future__ import annotations
 
 import datetime as dt
-import statistics
 import threading
 import time
 from collections.abc import Callable
@@ -141,8 +140,13 @@ class FollowUps:
 class Service:
     """The queries of every registered app (and every stream's bronze), run until `stop()`."""
 
-    def __init__(self, settings: Settings, say: Callable[[str], None] = print, dagster: bool = True):
+    def __init__(self, settings: Settings, say: Callable[[str], None] = print, dagster: bool = True,
+                 clock: Callable[[], dt.datetime] | None = None, schedule_every: float = SCHEDULE_EVERY_SECONDS):
+        """`clock`: what the schedules take for now (tests pass a fake one); `schedule_every`: seconds
+        between asking the schedules when no table changed."""
         self.settings, self.say, self.dagster = settings, say, dagster
+        self.clock = clock or (lambda: dt.datetime.now(dt.timezone.utc))
+        self.schedule_every = schedule_every
         self.queries = []
         self.reporter: DagsterReporter | None = None
         self.follow_ups: FollowUps | None = None
@@ -204,17 +208,17 @@ class Service:
     def _follow_main(self) -> None:
         last_schedules = 0.0
         while not self._stop.is_set():
-            changed = self.reporter.changed.wait(self.settings.report_interval)
+            changed = self.reporter.changed.wait(min(self.settings.report_interval, self.schedule_every))
             if self._stop.is_set():
                 break
             try:
                 self.reporter.flush()
-                due_by_clock = time.monotonic() - last_schedules >= SCHEDULE_EVERY_SECONDS
+                due_by_clock = time.monotonic() - last_schedules >= self.schedule_every
                 if changed or due_by_clock:
                     self.reporter.changed.clear()
                     if due_by_clock:
                         last_schedules = time.monotonic()
-                    self.follow_ups.run_due()
+                    self.follow_ups.run_due(now=self.clock())
             except Exception as e:  # noqa: BLE001 - a failed follow-up is reported; the queries go on
                 self.say(f"follow-up runs failed: {e}")
 
@@ -234,6 +238,3 @@ class Service:
         restarts = sum(q.failures for q in self.queries)
         return f"{len(self.queries)} queries, {batches} batches, {restarts} restarts"
 
-
-def median(values: list[float]) -> float:
-    return statistics.median(values) if values else 0.0

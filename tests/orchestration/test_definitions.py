@@ -150,6 +150,25 @@ def test_new_segments_sensor_requests_a_run_only_for_new_segments(settings):
         assert isinstance(sensor(ctx), dg.SkipReason)
 
 
+def test_new_segments_sensor_skips_while_serve_runs_the_queries(settings):
+    from orchestration.definitions import defs
+    from orchestration.gateway import forget_ports, record_ports
+
+    sensor = defs.resolve_sensor_def("new_segments_sensor")
+    resources = {"eventide": defs.resources["eventide"]}
+    land(settings, "text", [b"hello\n"])
+    record_ports(settings, {"text": 1}, queries=False)  # a gateway only: the pipelines must still run
+    with dg.build_sensor_context(resources=resources) as ctx:
+        assert isinstance(sensor(ctx), dg.RunRequest)
+    record_ports(settings, {"text": 1}, queries=True)  # this process plays a running `eventide serve`
+    try:
+        with dg.build_sensor_context(resources=resources) as ctx:
+            skip = sensor(ctx)
+        assert isinstance(skip, dg.SkipReason) and "runs the pipelines continuously" in skip.skip_message
+    finally:
+        forget_ports(settings)
+
+
 def test_a_users_app_is_in_the_lineage_with_its_checks_extras_and_sensor(user_app):
     from orchestration.definitions import build_definitions
 

@@ -83,7 +83,7 @@ def test_serve_answers_orders_over_tcp_within_seconds_without_a_run(tmp_path):
         assert sorted(r.order_id for r in results) == sorted(o.order_id for o in orders)
         latest = max(t for t, _ in frames) - sent_at
         print(f"20 OrderResults {latest:.2f} s after sending")  # -s shows it; make bench measures latency
-        assert latest <= 2.0, f"the last OrderResult came {latest:.2f} s after the orders were sent"
+        assert latest <= 5.0, f"the last OrderResult came {latest:.2f} s after the orders were sent"
         rejected = _wait_for(lambda: len(_rows(home, ORDER_REJECTIONS_TABLE)) >= 20 and _rows(home, ORDER_REJECTIONS_TABLE), 30)
         assert sorted(r["order_id"] for r in rejected) == sorted(o.order_id for o in orders)
     finally:

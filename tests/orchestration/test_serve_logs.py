@@ -1,0 +1,109 @@
+"""The log app under the service (gateway + live queries + follow-ups, in this process): the daily
+summaries follow the log days sent over TCP with nothing run by hand, and a day without a marker is
+closed by the (fake) clock. Real sockets, real Spark, real Dagster runs."""
+
+from __future__ import annotations
+
+import datetime as dt
+import socket
+import time
+
+import pytest
+
+from examples.logs import SUMMARY_TABLE, day_end_utc
+from orchestration.gateway import GatewayThread
+from orchestration.service import Service
+from tests.transforms.test_logs_app import LOG_FILES, expected_summary, log_messages, summary_rows
+from transforms import lake
+from transforms.framing import DEFAULT_FRAMING
+from transforms.settings import Settings, reset_settings
+
+
+@pytest.fixture
+def logs_home(spark, tmp_path, monkeypatch):
+    monkeypatch.setenv("EVENTIDE_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("EVENTIDE_APPS", "examples.logs:app")
+    monkeypatch.setenv("DAGSTER_HOME", "")  # dagster_instance points it into the home
+    reset_settings()
+    yield Settings.from_env()
+    reset_settings()
+
+
+def _send(port: int, messages: list[bytes]) -> None:
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.sendall(b"".join(DEFAULT_FRAMING.encode(m) for m in messages))
+        s.shutdown(socket.SHUT_WR)
+        s.recv(1)  # closed by the gateway once all is landed
+
+
+def _summary(settings) -> list:
+    path = settings.table_path(SUMMARY_TABLE)
+    return summary_rows([lake.read(path)]) if lake.exists(path) else []
+
+
+def _wait_for(what, timeout: float):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not what():
+        time.sleep(0.5)
+    return what()
+
+
+class Clock:
+    def __init__(self, now: dt.datetime):
+        self.now = now
+
+    def __call__(self) -> dt.datetime:
+        return self.now
+
+
+@pytest.mark.spark
+def test_summaries_follow_the_log_days_sent_to_the_service(logs_home):
+    lines = []
+    with GatewayThread(logs_home) as gw:
+        service = Service(logs_home, say=lines.append, schedule_every=2.0).start()
+        try:
+            assert service.all_running.wait(120), lines
+            _send(gw.gateway.bound_ports["logs"], log_messages())
+            assert _wait_for(lambda: _summary(logs_home) == expected_summary(), 120), (_summary(logs_home), lines)
+        finally:
+            service.stop()
+    assert service.error is None
+    assert any(line.startswith("daily_summary") and "done" in line for line in lines), lines
+    # Dagster saw the tables change while it ran: runless materializations with latency metadata.
+    from orchestration.runner import dagster_instance
+
+    event = dagster_instance(logs_home).get_latest_materialization_event(_key("log_windows"))
+    meta = event.asset_materialization.metadata
+    assert meta["source"].value == "eventide serve" and meta["rows_added"].value > 0
+    assert meta["latency_p99_seconds"].value >= meta["latency_p50_seconds"].value > 0
+
+
+def _key(name: str):
+    import dagster as dg
+
+    return dg.AssetKey(name)
+
+
+@pytest.mark.spark
+def test_a_day_without_a_marker_is_closed_by_the_clock(logs_home):
+    day_1 = log_messages(LOG_FILES[:1], markers=False)
+    (day,) = {r[0] for r in expected_summary() if r[0] == expected_summary()[0][0]}
+    end = day_end_utc(dt.date.fromisoformat(day))  # the day as written ends at midnight UTC-12
+    grace = dt.timedelta(hours=logs_home.day_grace_hours)
+    clock = Clock(end + grace - dt.timedelta(minutes=1))  # not over yet
+    lines = []
+    with GatewayThread(logs_home) as gw:
+        service = Service(logs_home, say=lines.append, clock=clock, schedule_every=1.0).start()
+        try:
+            assert service.all_running.wait(120), lines
+            _send(gw.gateway.bound_ports["logs"], day_1)
+            bronze = logs_home.table_path(logs_home.registry.stream("logs").bronze_table)
+            assert _wait_for(lambda: lake.exists(bronze) and lake.count(bronze) == len(day_1), 60)
+            time.sleep(3)  # the schedule is asked (every second) and finds nothing over
+            assert _summary(logs_home) == []
+            clock.now = end + grace + dt.timedelta(minutes=1)
+            want = [r for r in expected_summary() if r[0] == day]
+            assert _wait_for(lambda: _summary(logs_home) == want, 60), (_summary(logs_home), lines)
+        finally:
+            service.stop()
+    assert any("close_days_by_clock" in line for line in lines), lines
