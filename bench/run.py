@@ -50,12 +50,22 @@ def _benchmarks(quick: bool) -> dict:
         else:
             bench_logs(r, sizes=(1_000_000, 4_000_000))
 
-    return {"gateway": gateway, "bronze": bronze, "words": words, "market": market, "logs": logs}
+    def latency(r):
+        from bench.latency import bench_latency
+
+        # `eventide serve` (a subprocess) and the plain loop at fixed rates; full: about 5 minutes.
+        if quick:
+            bench_latency(r, rates=(1000,), seconds=10, warmup_seconds=2, breakdown_seconds=5)
+        else:
+            bench_latency(r, rates=(1000, 10_000), seconds=60, loop_seconds=30, breakdown_seconds=15)
+
+    return {"gateway": gateway, "bronze": bronze, "words": words, "market": market, "logs": logs,
+            "latency": latency}
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--only", help="comma-separated: gateway,bronze,words,market,logs")
+    p.add_argument("--only", help="comma-separated: gateway,bronze,words,market,logs,latency")
     p.add_argument("--quick", action="store_true")
     args = p.parse_args(argv)
     benches = _benchmarks(args.quick)

@@ -159,6 +159,13 @@ def cmd_apps(args, settings) -> int:
     return 0
 
 
+def cmd_status(args, settings) -> int:
+    from orchestration.status import compute_status, format_status
+
+    print(format_status(compute_status(settings), args.format), end="")
+    return 0
+
+
 def cmd_new(args, settings) -> int:
     from orchestration.scaffold import scaffold
 
@@ -316,6 +323,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("end", nargs="?", help="last day (inclusive), default: start")
     _app_option(s)
     s.set_defaults(fn=cmd_backfill)
+
+    s = sub.add_parser("status", help="how far each landing log and query has got: landed, processed, lag "
+                                      "(reads the home's files only: no Spark)")
+    s.add_argument("--format", choices=("table", "json"), default="table",
+                   help="json: one object (its shape: orchestration/status.py)")
+    _app_option(s)
+    s.set_defaults(fn=cmd_status)
     return p
 
 

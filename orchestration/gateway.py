@@ -8,8 +8,9 @@ closes that connection only.
 Durability: after each chunk read from a socket the journal is pushed to the OS (`Lander.sync`), so a
 crash of this process loses nothing it has read; `Lander` recovery turns the journal into a segment
 on the next start. A client that half-closes its socket (`shutdown(SHUT_WR)`) and waits for the
-gateway to close its side knows that everything it sent has been landed (that is what `send_files`
-does): the gateway closes a connection only after landing and syncing its last bytes.
+gateway to close its side gets one confirmation byte (`LANDED_ACK`) first, written only after its last
+bytes are landed and synced (that is what `send_files` waits for). A close without that byte (the
+gateway was stopped or killed) confirms nothing.
 
 One event loop, one thread: the `Lander` is single-writer and not thread-safe, so every call to it
 happens on the loop.
@@ -31,7 +32,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from transforms.framing import FrameDecoder, FrameTooLarge, Framing, TruncatedFrame
+from transforms.framing import LANDED_ACK, FrameDecoder, FrameTooLarge, Framing, TruncatedFrame
 from transforms.landing import Lander
 from transforms.settings import ConfigError, Settings
 
@@ -96,9 +97,12 @@ class _Connection(asyncio.Protocol):
         lander.sync()
 
     def eof_received(self) -> bool:
+        confirm = not self.finished
         self._finish("closed by the client")
         self.gateway.lander.sync()
-        return False  # close our side: tells a waiting sender that all it sent is landed
+        if confirm and self.transport is not None:
+            self.transport.write(LANDED_ACK)  # all it sent is landed (a dying process cannot say so)
+        return False  # then close our side
 
     def connection_lost(self, exc: Exception | None) -> None:
         gw = self.gateway

@@ -18,7 +18,7 @@ import socket
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from transforms.framing import DEFAULT_FRAMING, Framing, is_framed_file, iter_file_messages
+from transforms.framing import DEFAULT_FRAMING, LANDED_ACK, Framing, is_framed_file, iter_file_messages
 from transforms.landing import Lander
 from transforms.settings import Settings
 
@@ -134,12 +134,18 @@ def _framed_chunks(payloads: Iterable[bytes], framing: Framing) -> Iterator[byte
 
 
 def _wait_until_landed(sock: socket.socket, timeout: float) -> None:
-    # Half-close: the gateway sees end of stream, lands the tail and closes its side; our recv then
-    # returns b"". Without this, a sender exiting right after sendall could not know what was landed.
+    # Half-close: the gateway sees end of stream, lands the tail, confirms with LANDED_ACK and closes
+    # its side. Without this, a sender exiting right after sendall could not know what was landed; and
+    # a close without the confirmation means the gateway stopped or died first.
     sock.shutdown(socket.SHUT_WR)
     sock.settimeout(timeout)
-    while sock.recv(4096):
-        pass  # the gateway sends nothing; a peer that does is drained until it closes
+    received = b""
+    while chunk := sock.recv(4096):
+        received += chunk[:16]
+    if LANDED_ACK not in received:
+        raise ConnectionError("the gateway closed the connection without confirming that it landed what was "
+                              "sent (was it stopped?); some of it may be landed: check `eventide status` "
+                              "before sending again")
 
 
 def ingest_files(

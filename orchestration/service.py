@@ -25,6 +25,14 @@ from transforms.engine.sinks import BatchDone
 from transforms.settings import Settings
 
 SCHEDULE_EVERY_SECONDS = 60.0
+STOP_GRACE_SECONDS = 15.0  # how long batches in flight get to commit when serve stops
+
+
+def stop_all(queries, grace_seconds: float) -> None:
+    """Stop every query, after letting the batches in flight commit (one deadline for all of them)."""
+    deadline = time.monotonic() + grace_seconds
+    for q in queries:
+        q.stop(max(0.0, deadline - time.monotonic()))
 
 
 @dataclass
@@ -122,12 +130,18 @@ class FollowUps:
         self.cursors: dict[str, str | None] = {}
         self.runs = 0
 
-    def run_due(self, now: dt.datetime | None = None) -> int:
+    def run_due(self, now: dt.datetime | None = None, stopping: Callable[[], bool] = lambda: False) -> int:
+        """Run what is due, one run at a time; stop between runs once `stopping()` (the rest stays due:
+        the sensor's cursor is only kept when every run it asked for ran)."""
         from orchestration.runner import RunSummary, _collect, due_runs, execute_due
         from orchestration.sensors import PIPELINES_JOB
 
+        before = dict(self.cursors)
         due = due_runs(self.defs, self.instance, skip_jobs=(PIPELINES_JOB,), now=now, cursors=self.cursors)
         for run in due:
+            if stopping():
+                self.cursors = before
+                return 0
             summary = RunSummary()
             _collect(execute_due(self.defs, self.instance, run), summary, run.partition_key)
             what = f"{run.job}{f'[{run.partition_key}]' if run.partition_key else ''}"
@@ -202,8 +216,7 @@ class Service:
                              f"{self.settings.trigger_interval:g} s), {time.monotonic() - started:.1f} s after start")
                 self._stop.wait(0.2)
         finally:
-            for q in self.queries:
-                q.stop()
+            stop_all(self.queries, STOP_GRACE_SECONDS)
 
     def _follow_main(self) -> None:
         last_schedules = 0.0
@@ -218,7 +231,7 @@ class Service:
                     self.reporter.changed.clear()
                     if due_by_clock:
                         last_schedules = time.monotonic()
-                    self.follow_ups.run_due(now=self.clock())
+                    self.follow_ups.run_due(now=self.clock(), stopping=self._stop.is_set)
             except Exception as e:  # noqa: BLE001 - a failed follow-up is reported; the queries go on
                 self.say(f"follow-up runs failed: {e}")
 

@@ -17,6 +17,7 @@ class Receiver:
         self.address = f"127.0.0.1:{self.server.getsockname()[1]}"
         self.chunks: list[bytes] = []
         self.arrivals: list[tuple[float, bytes]] = []  # (time.time() at receipt, chunk)
+        self.by_connection: list[list[bytes]] = []  # every connection's chunks, in order
         self.connections = 0
         self.open = 0
         self.cond = threading.Condition()
@@ -31,12 +32,15 @@ class Receiver:
             with self.cond:
                 self.connections += 1
                 self.open += 1
-            threading.Thread(target=self._read, args=(conn,), daemon=True).start()
+                mine: list[bytes] = []
+                self.by_connection.append(mine)
+            threading.Thread(target=self._read, args=(conn, mine), daemon=True).start()
 
-    def _read(self, conn):
+    def _read(self, conn, mine: list[bytes]):
         with conn:
             while data := conn.recv(65536):
                 with self.cond:
+                    mine.append(data)
                     self.chunks.append(data)
                     self.arrivals.append((time.time(), data))
                     self.cond.notify_all()
@@ -61,6 +65,19 @@ class Receiver:
         with self.cond:
             self.cond.wait_for(lambda: len(frames()) >= n, timeout)
             return frames()
+
+    def whole_frames(self) -> list[bytes]:
+        """Every whole frame of every connection; a frame cut short by a dying sender is not one."""
+        with self.cond:
+            out = []
+            for chunks in self.by_connection:
+                out.extend(DEFAULT_FRAMING.decoder().feed(b"".join(chunks)))
+            return out
+
+    def whole_lines(self) -> list[bytes]:
+        """Every newline-terminated line of every connection (a cut-off last line is not one)."""
+        with self.cond:
+            return [line for chunks in self.by_connection for line in b"".join(chunks).split(b"\n")[:-1]]
 
     def close(self):
         self.server.close()

@@ -68,6 +68,10 @@ class Framing:
 
 DEFAULT_FRAMING = Framing()
 
+# The gateway's confirmation: a client that half-closes its socket gets this byte once everything it
+# sent is landed, then the close. A close without it (the gateway stopped or died) confirms nothing.
+LANDED_ACK = b"\x06"
+
 
 class FrameDecoder:
     """Incremental decoder: feed any chunks, get whole payloads back in order.

@@ -43,15 +43,17 @@ class Settings:
     length_fmt: str = ">I"
     max_frame_bytes: int = 1 << 20
     segment_max_bytes: int = 8 << 20
-    segment_max_seconds: float = 0.5
+    # A segment closes (becomes visible to the queries) this long after its first message at most.
+    segment_max_seconds: float = 0.25
     # Pipelines
     marker: str = "END_OF_DAY"
     fail_fast: bool = False
     # Closed segments per micro-batch (each at most segment_max_bytes): bounds the driver's memory on a
     # large backlog (4M log lines in one batch exhausted a 1 GB driver). 0 = everything in one batch.
     max_files_per_trigger: int = 8
-    # `eventide serve`: seconds between the micro-batches of each running query.
-    trigger_interval: float = 0.5
+    # `eventide serve`: seconds between the micro-batches of each running query (a query with timers
+    # runs a batch every trigger even when idle, so it uses at least 1 s).
+    trigger_interval: float = 0.25
     # `eventide serve`: at most one Dagster event per table in this many seconds.
     report_interval: float = 5.0
     # Daily summaries

@@ -18,7 +18,7 @@ import pytest
 
 from orchestration.gateway import GatewayError, GatewayThread
 from orchestration.sender import GatewayUnavailable, InputFileError, ingest_files, send_files
-from transforms.framing import DEFAULT_FRAMING, Framing
+from transforms.framing import DEFAULT_FRAMING, LANDED_ACK, Framing
 from transforms.landing import Lander, LandingBusy, list_segments, read_landed
 from transforms.settings import ConfigError, Settings
 
@@ -53,8 +53,9 @@ def connect(gw: GatewayThread, stream: str) -> socket.socket:
 
 
 def finish(sock: socket.socket) -> None:
-    """Half-close and wait for the gateway to close: everything sent is then landed."""
+    """Half-close and wait for the gateway's confirmation and close: everything sent is then landed."""
     sock.shutdown(socket.SHUT_WR)
+    assert sock.recv(1) == LANDED_ACK
     assert sock.recv(1) == b""
     sock.close()
 

@@ -19,6 +19,7 @@ from transforms.engine.sinks import BatchDone, BatchWriter
 from transforms.settings import Settings
 
 MAX_BACKOFF_SECONDS = 60.0
+TIMER_MIN_TRIGGER_SECONDS = 1.0
 
 
 class LiveQuery:
@@ -30,7 +31,10 @@ class LiveQuery:
                  trigger_seconds: float | None = None):
         self.spark, self.plan, self.settings = spark, plan, settings
         self.addresses, self.on_batch, self.say = tcp_addresses, on_batch, say
-        self.trigger = f"{trigger_seconds if trigger_seconds is not None else settings.trigger_interval} seconds"
+        seconds = trigger_seconds if trigger_seconds is not None else settings.trigger_interval
+        if plan.timers:  # it runs a batch every trigger, data or not (the clock's tick, see runner)
+            seconds = max(seconds, TIMER_MIN_TRIGGER_SECONDS)
+        self.trigger = f"{seconds} seconds"
         self.lock = QueryLock(settings, plan.name, command="eventide serve")
         self.report = RunReport(plan.name)
         self.query = None
