@@ -82,7 +82,8 @@ def cmd_send(args, settings) -> int:
     files = _files(args.files)
     host, port = _address(args.to, settings, args.stream)
     n = send_files(args.stream, files, host, port, end_of_day=args.end_of_day, marker=settings.marker,
-                   framing=framing_of(settings), framed=_framed(args))
+                   framing=framing_of(settings), framed=_framed(args),
+                   progress=lambda line: print(line, file=sys.stderr, flush=True))
     print(f"sent {n} messages to {args.stream} at {host}:{port}")
     return 0
 

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from transforms.framing import DEFAULT_FRAMING, LANDED_ACK, Framing, is_framed_file, iter_file_messages
@@ -73,8 +74,10 @@ def send_files(
     marker: str = "END_OF_DAY",
     timeout: float = 60.0,
     framed: bool | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> int:
     """Send the files' messages over one TCP connection; returns how many messages were sent.
+    `progress` hears how far it got every few seconds (a big file takes a while).
 
     After sending, the socket is half-closed and this waits for the gateway to close its side, which it
     does only after landing and syncing everything received: when this returns, the messages are
@@ -93,14 +96,19 @@ def send_files(
     except OSError as e:
         raise GatewayUnavailable(f"cannot send {stream}: cannot connect to {where}: {e.strerror or e}") from e
     sent = 0
+    meter = _Meter(sum(p.stat().st_size for p, _ in plan), progress)
     with sock:
         try:
             for path, count in plan:
                 if is_framed_file(path, framed):
-                    sock.sendall(path.read_bytes())  # already framed and checked: byte for byte
+                    data = path.read_bytes()  # already framed and checked: byte for byte
+                    for i in range(0, len(data), _SEND_BATCH_BYTES):
+                        sock.sendall(data[i:i + _SEND_BATCH_BYTES])
+                        meter.add(min(_SEND_BATCH_BYTES, len(data) - i))
                 else:
                     for chunk in _framed_chunks(_file_messages(path, framing, False), framing):
                         sock.sendall(chunk)
+                        meter.add(len(chunk))
                 sent += count
                 if end_of_day:
                     sock.sendall(marker_frame)
@@ -118,6 +126,28 @@ def send_files(
                 f"read or confirm them within {timeout} s"
             ) from None
     return sent
+
+
+PROGRESS_EVERY_SECONDS = 2.0
+
+
+class _Meter:
+    """Says how many bytes of the files went out, at most every `every` seconds."""
+
+    def __init__(self, total: int, say: Callable[[str], None] | None, every: float | None = None):
+        self.total, self.say = max(total, 1), say
+        self.every = PROGRESS_EVERY_SECONDS if every is None else every
+        self.done = 0
+        self.started = self.last = time.monotonic()
+
+    def add(self, n: int) -> None:
+        self.done += n
+        now = time.monotonic()
+        if self.say and now - self.last >= self.every:
+            self.last = now
+            mb = self.done / 1e6
+            self.say(f"sent {mb:,.1f} of {self.total / 1e6:,.1f} MB ({min(100, 100 * self.done // self.total)}%), "
+                     f"{mb / (now - self.started):,.1f} MB/s")
 
 
 def _framed_chunks(payloads: Iterable[bytes], framing: Framing) -> Iterator[bytes]:

@@ -7,6 +7,8 @@ continuously (transforms/engine/live.py), watched by Dagster.
 - Each committed batch is reported to Dagster as a runless materialization of the tables it changed,
   at most one per table every `EVENTIDE_REPORT_INTERVAL` seconds (rows added, Delta version,
   throughput, latency percentiles from gateway receipt to commit).
+- Every 10 s, landing segments every query has committed move to the archive
+  (transforms/engine/archive.py), so the folder Spark lists each trigger stays small.
 - After tables change, the apps' sensors (with cursors kept here) and schedules are asked what is due
   and the runs they request execute here, in this process and JVM: the log app's daily summaries
   follow the log windows without anything run by hand. Schedules are asked at least once a minute,
@@ -25,6 +27,7 @@ from transforms.engine.sinks import BatchDone
 from transforms.settings import Settings
 
 SCHEDULE_EVERY_SECONDS = 60.0
+ARCHIVE_EVERY_SECONDS = 10.0  # how often committed landing segments move out of the queries' folder
 STOP_GRACE_SECONDS = 15.0  # how long batches in flight get to commit when serve stops
 
 
@@ -165,6 +168,7 @@ class Service:
         self.reporter: DagsterReporter | None = None
         self.follow_ups: FollowUps | None = None
         self.all_running = threading.Event()
+        self.archived = 0  # landing segments moved to the archive (engine/archive.py)
         self.error: BaseException | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._main, name="eventide-queries", daemon=True)
@@ -205,11 +209,14 @@ class Service:
             return
         if self.dagster:
             self._follow_thread.start()
-        started = time.monotonic()
+        started = last_archive = time.monotonic()
         try:
             while not self._stop.is_set():
                 for q in self.queries:
                     q.poll()
+                if time.monotonic() - last_archive >= ARCHIVE_EVERY_SECONDS:
+                    last_archive = time.monotonic()
+                    self._archive(plans)
                 if not self.all_running.is_set() and all(q.running for q in self.queries):
                     self.all_running.set()
                     self.say(f"all {len(self.queries)} queries running (trigger every "
@@ -217,6 +224,16 @@ class Service:
                 self._stop.wait(0.2)
         finally:
             stop_all(self.queries, STOP_GRACE_SECONDS)
+
+    def _archive(self, plans) -> None:
+        from transforms.engine.archive import archive_committed
+
+        try:
+            moved = archive_committed(self.settings, plans)
+        except OSError as e:  # the landing stays as it is; the next round tries again
+            self.say(f"archiving the landing failed: {e}")
+            return
+        self.archived += sum(moved.values())
 
     def _follow_main(self) -> None:
         last_schedules = 0.0
@@ -249,5 +266,6 @@ class Service:
     def summary(self) -> str:
         batches = sum(q.report.batches for q in self.queries)
         restarts = sum(q.failures for q in self.queries)
-        return f"{len(self.queries)} queries, {batches} batches, {restarts} restarts"
+        return (f"{len(self.queries)} queries, {batches} batches, {restarts} restarts, "
+                f"{self.archived} landing segments archived")
 

@@ -39,12 +39,12 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from transforms.engine.checkpoints import processed_segments
 from transforms.landing import _read_journal, list_segments, parse_segment_name
 from transforms.settings import Settings
 
@@ -159,84 +159,6 @@ class _Log:
             times = times.filter(pc.is_in(table.column("stream"), value_set=pa.array(streams, pa.string())))
         oldest = pc.min(times.cast(pa.timestamp("us", tz="UTC")))
         return oldest.value if oldest.is_valid else None  # microseconds since the epoch
-
-
-# -- a checkpoint, read without Spark ------------------------------------------------------------------
-def _batch_ids(folder: Path) -> list[int]:
-    return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit()) if folder.is_dir() else []
-
-
-def _log_lines(path: Path) -> list[str]:
-    """The entries of a Spark metadata log file (`v1`, then one entry a line); [] if unreadable."""
-    try:
-        lines = path.read_text().splitlines()
-    except (OSError, UnicodeDecodeError):
-        return []
-    return lines[1:] if lines and lines[0].startswith("v") else []
-
-
-def _source_entries(folder: Path) -> list[tuple[int, str]]:
-    """(batch id, file name) of every file a file source's metadata log lists: the latest compacted
-    file (which holds every entry up to its batch) and the batch files after it."""
-    compacts = [int(p.name[: -len(".compact")]) for p in folder.iterdir()
-                if p.name.endswith(".compact") and p.name[: -len(".compact")].isdigit()]
-    start = max(compacts, default=-1)
-    files = [folder / f"{start}.compact"] if start >= 0 else []
-    files += [folder / str(b) for b in _batch_ids(folder) if b > start]
-    out = []
-    for path in files:
-        for line in _log_lines(path):
-            try:
-                entry = json.loads(line)
-                out.append((int(entry["batchId"]), Path(unquote(urlparse(entry["path"]).path)).name))
-            except (ValueError, KeyError, TypeError, AttributeError):
-                continue
-    return out
-
-
-def _landing_source(checkpoint: Path) -> tuple[int, list[tuple[int, str]]] | None:
-    """The index and entries of the source that reads the landing: the one whose metadata log lists
-    landing segments (a query with timers also reads Spark's rate-micro-batch clock, which has none)."""
-    sources = checkpoint / "sources"
-    for index in _batch_ids(sources):
-        entries = _source_entries(sources / str(index))
-        if any(parse_segment_name(name) for _, name in entries):
-            return index, entries
-    return None
-
-
-def _file_source_offset(checkpoint: Path, batch: int, index: int) -> int | None:
-    """The file source's offset (`logOffset`) in the offset log of `batch`: the source at `index` if
-    that is a file source offset, else the only file source offset there; None if unknown."""
-    lines = _log_lines(checkpoint / "offsets" / str(batch))[1:]  # after the batch metadata line
-    found = []
-    for line in lines:
-        try:
-            value = json.loads(line)
-        except ValueError:
-            value = None
-        found.append(value["logOffset"] if isinstance(value, dict) and "logOffset" in value else None)
-    if index < len(found) and found[index] is not None:
-        return int(found[index])
-    offsets = [f for f in found if f is not None]
-    return int(offsets[0]) if len(offsets) == 1 else None
-
-
-def processed_segments(checkpoint: Path) -> tuple[int | None, set[str]]:
-    """(last committed batch, names of the landing segments processed by it), from a checkpoint."""
-    committed = _batch_ids(checkpoint / "commits")
-    if not committed:
-        return None, set()
-    last = committed[-1]
-    source = _landing_source(checkpoint)
-    if source is None:
-        return last, set()
-    index, entries = source
-    # The offset log maps the query's batch to the file source's own batch counter; without it (never
-    # seen), the two counters are assumed equal (true for a query without timers).
-    upto = _file_source_offset(checkpoint, last, index)
-    upto = last if upto is None else upto
-    return last, {name for batch, name in entries if batch <= upto and parse_segment_name(name)}
 
 
 # -- everything ---------------------------------------------------------------------------------------

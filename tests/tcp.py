@@ -12,8 +12,8 @@ from transforms.framing import DEFAULT_FRAMING
 class Receiver:
     """Listens on 127.0.0.1; collects every byte of every connection (with its arrival time)."""
 
-    def __init__(self):
-        self.server = socket.create_server(("127.0.0.1", 0))
+    def __init__(self, port: int = 0):
+        self.server = socket.create_server(("127.0.0.1", port))
         self.address = f"127.0.0.1:{self.server.getsockname()[1]}"
         self.chunks: list[bytes] = []
         self.arrivals: list[tuple[float, bytes]] = []  # (time.time() at receipt, chunk)

@@ -66,15 +66,41 @@ def parse_segment_name(name: str) -> tuple[int, int] | None:
         return None
 
 
-def list_segments(settings: Settings, group: str | None = None) -> list[Path]:
-    root = settings.landing
+def list_segments(settings: Settings, group: str | None = None, archived: bool = True) -> list[Path]:
+    """The closed segments of a log (or of every log), in sequence order: the live ones the queries
+    read (`landing/<log>/`) and, with `archived`, those every query has committed, moved out of the
+    queries' way (`landing-archive/<log>/`, see archive_segments). Both together are the whole log."""
     groups = [group] if group else sorted(settings.registry.logs)
+    roots = [settings.landing, settings.landing_archive] if archived else [settings.landing]
     out: list[Path] = []
     for g in groups:
-        d = root / g
-        if d.is_dir():
-            out.extend(sorted(p for p in d.iterdir() if parse_segment_name(p.name)))
+        found = [p for root in roots if (root / g).is_dir() for p in (root / g).iterdir() if parse_segment_name(p.name)]
+        out.extend(sorted(found, key=lambda p: parse_segment_name(p.name)))
     return out
+
+
+def archive_segments(settings: Settings, group: str, names: set[str]) -> int:
+    """Move these closed segments of a log from the live folder to the archive; returns how many.
+
+    Spark's file source lists the live folder on every trigger (measured: 58 ms with 1,000 files,
+    650 ms with 40,000), so under `eventide serve` the live folder must only hold what some query may
+    still read. A rename on one file system: a segment is in exactly one of the two folders."""
+    live, archive = settings.landing / group, settings.landing_archive / group
+    moved = 0
+    for name in sorted(names):
+        if not parse_segment_name(name) or not (live / name).exists():
+            continue
+        archive.mkdir(parents=True, exist_ok=True)
+        os.rename(live / name, archive / name)
+        moved += 1
+    if moved:
+        for d in (archive, live):
+            fd = os.open(d, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    return moved
 
 
 def _encode_record(seq: int, recv_us: int, stream: str, conn: str, err: str | None, payload: bytes) -> bytes:

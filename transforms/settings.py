@@ -85,6 +85,10 @@ class Settings:
         return self.home / "landing"
 
     @property
+    def landing_archive(self) -> Path:
+        return self.home / "landing-archive"
+
+    @property
     def lake(self) -> Path:
         return self.home / "lake"
 

@@ -243,6 +243,19 @@ def test_send_without_end_of_day_sends_only_lines(gateway, settings):
     assert b"END_OF_DAY" not in [r["payload"] for r in landed(settings, "logs")]
 
 
+def test_send_says_how_far_a_big_send_has_got(gateway, settings, tmp_path, monkeypatch):
+    import orchestration.sender as sender
+
+    monkeypatch.setattr(sender, "PROGRESS_EVERY_SECONDS", 0.0)  # every chunk, instead of every 2 s
+    big = tmp_path / "big.txt"
+    big.write_bytes(b"".join(b"line %07d of a big file\n" % i for i in range(120_000)))  # about 3 MB
+    said = []
+    assert send_files("text", [big], HOST, gateway.bound_ports["text"], progress=said.append) == 120_000
+    assert len(said) >= 3 and said[-1].startswith("sent ") and "(100%)" in said[-1], said
+    percents = [int(line.split("(")[1].split("%")[0]) for line in said]
+    assert percents == sorted(percents) and percents[0] < 100
+
+
 def test_send_msg_file_byte_for_byte(gateway, settings):
     assert send_files("market_data", [NBBO], HOST, gateway.bound_ports["market_data"]) == 350
     gateway.stop()

@@ -29,7 +29,7 @@ from tests.tcp import Receiver
 from tests.transforms.test_logs_app import expected_summary, log_messages, summary_rows
 from transforms import lake
 from transforms.framing import DEFAULT_FRAMING, LANDED_ACK
-from transforms.landing import read_landed
+from transforms.landing import list_segments, read_landed
 from transforms.settings import Settings
 
 EVENTIDE = str(Path(sys.executable).parent / "eventide")
@@ -139,6 +139,11 @@ def test_kill_9_while_sending_then_restart_leaves_every_table_exact(tmp_path):
         time.sleep(1)
     assert service.stop(signal.SIGTERM) == 0, service.output
 
+    # The landing was archived as the queries committed it (the folder Spark lists stays small) and
+    # the log is still whole: what follows reads live and archived segments alike.
+    archived = [p for log in settings.registry.logs for p in list_segments(settings, log)
+                if settings.landing_archive in p.parents]
+    assert archived, "serve archived no landing segment"
     landed = {log: read_landed(settings, log).to_pylist() for log in settings.registry.logs}
     by_stream = collections.defaultdict(list)
     for rows in landed.values():

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from transforms.api import Application
+from transforms.engine.checkpoints import has_commits
 from transforms.engine.envelope import ENVELOPE, TICK_STREAM
 from transforms.engine.keyed_state import KeyedStateProcessor
 from transforms.engine.locks import QueryLock, describe, holder_of
@@ -48,7 +49,7 @@ def build_stream(spark, plan: QueryPlan, settings: Settings):
     reader = spark.readStream.schema(LANDING_DDL)
     if settings.max_files_per_trigger:
         reader = reader.option("maxFilesPerTrigger", settings.max_files_per_trigger)
-    df = reader.parquet(str(src_dir.absolute()))
+    df = reader.option("basePath", str(settings.home.absolute())).parquet(landing_path(plan, settings))
     df = df.where(df.stream.isin(plan.streams))
     if not plan.quarantine_landing_errors:
         df = df.where(df.landing_error.isNull())
@@ -65,6 +66,19 @@ def build_stream(spark, plan: QueryPlan, settings: Settings):
             timeMode=plan.time_mode.value,
         )
     return env
+
+
+def landing_path(plan: QueryPlan, settings: Settings) -> str:
+    """What the query's file source reads, as a Hadoop glob under the home: the live folder of its
+    log, and also the archive (engine/archive.py) while the query has committed nothing (it starts from
+    the beginning). Always a glob, with the home as base path: Spark sets a plain path as its own base
+    path, and a query that read the archive in its first run re-reads that batch's files after a
+    restart (to set its source up) with whatever path it has then."""
+    live = settings.landing.name
+    folders = live
+    if not has_commits(plan.checkpoint(settings)) and (settings.landing_archive / plan.group).is_dir():
+        folders = f"{live},{settings.landing_archive.name}"
+    return f"{settings.home.absolute()}/{{{folders}}}/{plan.group}"
 
 
 def run_query(spark, plan: QueryPlan, settings: Settings, tcp_addresses: dict[str, str] | None = None,
@@ -89,8 +103,8 @@ def run_query(spark, plan: QueryPlan, settings: Settings, tcp_addresses: dict[st
 
 def _run_locked(spark, plan: QueryPlan, settings: Settings, addresses: dict, report: RunReport,
                 progress: Callable[[str], None] | None) -> RunReport:
-    writer = BatchWriter(plan, settings, report, addresses)
     started = time.time()
+    writer = BatchWriter(plan, settings, report, addresses, on_batch=_batch_progress(plan.name, progress))
     planned_before = last_planned_batch(plan.checkpoint(settings))
     # Timers need batches on the clock (see above); without them, availableNow ends by itself.
     trigger = {"processingTime": TIMER_TRIGGER} if plan.timers else {"availableNow": True}
@@ -106,6 +120,24 @@ def _run_locked(spark, plan: QueryPlan, settings: Settings, addresses: dict, rep
     if progress:
         progress(f"{plan.name}: {report.input_rows} messages in {report.batches} batches, {report.seconds:.1f} s")
     return report
+
+
+def _batch_progress(name: str, say: Callable[[str], None] | None, every: float = 5.0):
+    """An on_batch hook that says how far a long run has got, at most every `every` seconds."""
+    if say is None:
+        return None
+    state = {"last": time.monotonic(), "batches": 0, "rows": 0}
+
+    def on_batch(done) -> None:
+        state["batches"] += 1
+        state["rows"] += sum(n for t, n in done.rows_written.items() if not t.startswith("tcp:"))
+        now = time.monotonic()
+        if now - state["last"] >= every:
+            state["last"] = now
+            lag = f", oldest message {max(done.latencies):.0f} s old" if done.latencies else ""
+            say(f"{name}: {state['batches']} batches, {state['rows']:,} rows written so far{lag}")
+
+    return on_batch
 
 
 def start_query(spark, plan: QueryPlan, settings: Settings, writer: BatchWriter, trigger: dict):

@@ -1,0 +1,59 @@
+"""A query run continuously (what `eventide serve` runs): outputs without a run, a failed query is
+reported and restarted with backoff, and the restart delivers exactly once. Real Spark, real sockets."""
+
+import socket
+import time
+
+import pytest
+
+from tests.conftest import land
+from tests.tcp import Receiver
+from transforms.engine import plan_queries
+from transforms.engine.live import LiveQuery
+from transforms.engine.locks import holder_of
+
+
+def _closed_port() -> int:
+    s = socket.create_server(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def _poll_until(live: LiveQuery, done, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        live.poll()
+        if done():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.mark.spark
+def test_a_failed_query_is_reported_restarted_with_backoff_and_delivers_once(spark, settings):
+    from examples.words import word_count
+
+    (plan,) = plan_queries(word_count, settings)
+    port = _closed_port()
+    said = []
+    live = LiveQuery(spark, plan, settings, {"word_count_tcp": f"127.0.0.1:{port}"}, say=said.append,
+                     trigger_seconds=0.2)
+    land(settings, "text", [b"a b a"])
+    try:
+        # Nobody listens on the sink's port: the batch fails, the query stops, serve says so and waits.
+        assert _poll_until(live, lambda: live.failures >= 1, 120), said
+        assert "query failed" in said[0] and "restarting in 1 s" in said[0] and not live.running
+        assert holder_of(settings, plan.name)["command"] == "eventide serve"  # still its lock meanwhile
+        receiver = Receiver(port)
+        try:
+            assert _poll_until(live, lambda: len(receiver.whole_lines()) >= 3, 120), said
+            land(settings, "text", [b"b"])  # and it keeps running: a later message is answered too
+            assert _poll_until(live, lambda: len(receiver.whole_lines()) >= 4, 60), said
+            assert live.running
+        finally:
+            receiver.close()
+    finally:
+        live.stop()
+    assert receiver.whole_lines() == [b"a => 1", b"b => 1", b"a => 2", b"b => 2"]
+    assert holder_of(settings, plan.name) is None  # stop gave the lock back
