@@ -14,7 +14,8 @@ class Receiver:
 
     def __init__(self, port: int = 0):
         self.server = socket.create_server(("127.0.0.1", port))
-        self.address = f"127.0.0.1:{self.server.getsockname()[1]}"
+        self.port = self.server.getsockname()[1]
+        self.address = f"127.0.0.1:{self.port}"
         self.chunks: list[bytes] = []
         self.arrivals: list[tuple[float, bytes]] = []  # (time.time() at receipt, chunk)
         self.by_connection: list[list[bytes]] = []  # every connection's chunks, in order
@@ -47,6 +48,17 @@ class Receiver:
         with self.cond:
             self.open -= 1
             self.cond.notify_all()
+
+    def received(self) -> bytes:
+        """Every byte received so far, in arrival order (one sender at a time)."""
+        with self.cond:
+            return b"".join(self.chunks)
+
+    def all_bytes(self, timeout: float = 30.0) -> bytes:
+        """Every byte, once every connection is closed (a run's TCP sink closes when the run ends)."""
+        with self.cond:
+            assert self.cond.wait_for(lambda: self.connections and self.open == 0, timeout), "no closed connection"
+            return b"".join(self.chunks)
 
     def payloads(self, timeout: float = 10.0) -> list[bytes]:
         """The frames received so far, once every connection is closed (the engine closes after a run)."""

@@ -8,16 +8,16 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import struct
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from pathlib import Path
 
 import pytest
+
+from tests.tcp import Receiver
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -98,26 +98,6 @@ def _frame(payload: bytes) -> bytes:
     return struct.pack(">I", len(payload)) + payload
 
 
-class Listener:
-    """A TCP sink's receiver: accepts connections and keeps every byte."""
-
-    def __init__(self):
-        self.server = socket.create_server(("127.0.0.1", 0))
-        self.port = self.server.getsockname()[1]
-        self.data = bytearray()
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self):
-        while True:
-            try:
-                conn, _ = self.server.accept()
-            except OSError:
-                return
-            with conn:
-                while chunk := conn.recv(65536):
-                    self.data.extend(chunk)
-
-
 def _env(tmp_path: Path, **extra) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("EVENTIDE_")}
     env.update(EVENTIDE_HOME=str(tmp_path / "home"), EVENTIDE_APPS="thermo_app:app", PYTHONPATH=str(tmp_path),
@@ -155,13 +135,13 @@ def test_own_app_through_serve_send_run_dagster_and_show(tmp_path):
         serve.wait(timeout=30)
 
     # 2. run: the app's windows land in Delta, and its TCP sink gets exactly these bytes.
-    listener = Listener()
+    listener = Receiver()
     run = _eventide(tmp_path, "run", EVENTIDE_SINK_THERMO_ALERTS=f"127.0.0.1:{listener.port}")
     assert run.returncode == 0, run.stdout + run.stderr
     deadline = time.monotonic() + 10
     want = b"garage 50.0\nkitchen 77.0\n"
-    while sorted(bytes(listener.data).splitlines(keepends=True)) != sorted(want.splitlines(keepends=True)):
-        assert time.monotonic() < deadline, bytes(listener.data)
+    while sorted(listener.received().splitlines(keepends=True)) != sorted(want.splitlines(keepends=True)):
+        assert time.monotonic() < deadline, listener.received()
         time.sleep(0.1)
 
     # 3. show: the exact rows.

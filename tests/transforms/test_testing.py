@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import shutil
-import socket
 import struct
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +14,7 @@ from examples.market import MARKET_STATE_TABLE, ORDER_REJECTIONS_TABLE, ORDER_RE
 from examples.market_decoder import MarketData, encode_market_data, timestamp_10us
 from examples.market_generate import order_payloads, read_symbols
 from examples.words import word_count
+from tests.tcp import Receiver
 from transforms import lake
 from transforms.api import (
     Application,
@@ -194,26 +193,6 @@ def _market_messages() -> list[tuple[str, bytes]]:
     return msgs
 
 
-class _Receiver:
-    def __init__(self):
-        self.server = socket.create_server(("127.0.0.1", 0))
-        self.address = f"127.0.0.1:{self.server.getsockname()[1]}"
-        self.data = bytearray()
-        self.thread = threading.Thread(target=self._accept, daemon=True)
-        self.thread.start()
-
-    def _accept(self):
-        conn, _ = self.server.accept()
-        with conn:
-            while chunk := conn.recv(65536):
-                self.data += chunk
-
-    def frames(self) -> list[bytes]:
-        self.thread.join(30)
-        self.server.close()
-        return DEFAULT_FRAMING.split(bytes(self.data))
-
-
 def _without(rows: list[dict], *cols: str) -> list[dict]:
     return [{k: v for k, v in r.items() if k not in cols} for r in rows]
 
@@ -228,9 +207,10 @@ def test_market_app_equals_the_engine_run_directly(spark, settings):
     with Lander(settings) as lander:
         for stream, payload in msgs:
             lander.append(stream, payload, "test")
-    receiver = _Receiver()
+    receiver = Receiver()
     run_application(spark, market_app, settings, tcp_addresses={ORDER_RESULTS_SINK: receiver.address})
-    engine_tcp = receiver.frames()
+    engine_tcp = DEFAULT_FRAMING.split(receiver.all_bytes())
+    receiver.close()
     engine_state = sorted(lake.read(settings.table_path(MARKET_STATE_TABLE)).to_pylist(), key=lambda r: r["symbol"])
     engine_rejections = sorted(lake.read(settings.table_path(ORDER_REJECTIONS_TABLE)).to_pylist(), key=lambda r: r["seq"])
 

@@ -2,8 +2,6 @@
 
 import dataclasses
 import json
-import socket
-import threading
 
 import pytest
 
@@ -11,32 +9,11 @@ from examples.words import word_count
 from orchestration.gateway import GatewayThread
 from orchestration.sender import send_files
 from tests.conftest import DATA
+from tests.tcp import Receiver
 from transforms import lake
 from transforms.engine import run_application
 
 pytestmark = pytest.mark.spark
-
-
-class Receiver:
-    """What `nc -l PORT` would show: every byte until the sender closes."""
-
-    def __init__(self):
-        self.server = socket.create_server(("127.0.0.1", 0))
-        self.port = self.server.getsockname()[1]
-        self.data = bytearray()
-        self.thread = threading.Thread(target=self._accept, daemon=True)
-        self.thread.start()
-
-    def _accept(self):
-        conn, _ = self.server.accept()
-        with conn:
-            while chunk := conn.recv(65536):
-                self.data += chunk
-
-    def result(self, timeout=30) -> bytes:
-        self.thread.join(timeout)
-        self.server.close()
-        return bytes(self.data)
 
 
 def test_word_count_over_tcp_in_and_out(spark, settings):
@@ -47,7 +24,8 @@ def test_word_count_over_tcp_in_and_out(spark, settings):
         gw.wait_for_messages(sent, timeout=30)
     receiver = Receiver()
     run_application(spark, word_count, settings, tcp_addresses={"word_count_tcp": f"127.0.0.1:{receiver.port}"})
-    lines = receiver.result().decode().splitlines()
+    lines = receiver.all_bytes().decode().splitlines()
+    receiver.close()
 
     expected = json.loads((DATA / "word_count" / "_expected.json").read_text())
     assert len(lines) == 482

@@ -57,3 +57,28 @@ def test_a_failed_query_is_reported_restarted_with_backoff_and_delivers_once(spa
         live.stop()
     assert receiver.whole_lines() == [b"a => 1", b"b => 1", b"a => 2", b"b => 2"]
     assert holder_of(settings, plan.name) is None  # stop gave the lock back
+
+
+@pytest.mark.spark
+def test_a_wall_clock_window_closes_on_time_under_a_live_query_without_new_messages(spark, settings):
+    import sys
+
+    from pyspark import cloudpickle
+
+    from tests.windows import test_wall_clock
+    from transforms import lake
+
+    cloudpickle.register_pickle_by_value(sys.modules[test_wall_clock.__name__])
+    (plan,) = plan_queries(test_wall_clock.clock_app(), settings)  # 2 s processing-time windows
+    assert plan.timers
+    live = LiveQuery(spark, plan, settings, {}, trigger_seconds=0.2)
+    assert live.trigger == "1.0 seconds"  # a query with timers runs a batch every trigger: at least 1 s
+    land(settings, "text", [b"a 1", b"a 2", b"a 3"])
+    path = settings.table_path("clock_windows")
+    try:
+        # No message after these three: the window closes by its timer within about a second of its end.
+        assert _poll_until(live, lambda: lake.exists(path) and lake.count(path) == 1, 60)
+    finally:
+        live.stop()
+    (row,) = lake.read(path).to_pylist()
+    assert (row["key"], row["lines"], row["reason"]) == ("a", 3, "timer")
