@@ -75,6 +75,13 @@ def main(argv=None) -> int:
         "machine": f"{platform.machine()}, {__import__('os').cpu_count()} cores, Python {platform.python_version()}",
         "quick": args.quick,
     }
+    previous = RESULTS / "latest.json"
+    if args.only and previous.exists():  # a subset keeps the other benchmarks' last results
+        try:
+            kept = json.loads(previous.read_text())
+        except ValueError:
+            kept = {}
+        results.update({k: v for k, v in kept.items() if isinstance(v, dict) and k not in chosen})
     failed = []
     for name in chosen:
         print(f"[bench] {name} ...", file=sys.stderr, flush=True)
@@ -87,6 +94,7 @@ def main(argv=None) -> int:
             part["error"] = traceback.format_exc(limit=3)
             print(part["error"], file=sys.stderr)
         part["seconds"] = round(time.time() - started, 1)
+        part["when"] = results["when"]
         results[name] = part
         print(f"[bench] {name}: {json.dumps(part)}", file=sys.stderr, flush=True)
     RESULTS.mkdir(exist_ok=True)

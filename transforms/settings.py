@@ -54,6 +54,8 @@ class Settings:
     # `eventide serve`: seconds between the micro-batches of each running query (a query with timers
     # runs a batch every trigger even when idle, so it uses at least 1 s).
     trigger_interval: float = 0.25
+    # `eventide serve`: the bronze queries' interval (off the answer path: bigger, cheaper batches).
+    bronze_trigger_interval: float = 2.0
     # `eventide serve`: at most one Dagster event per table in this many seconds.
     report_interval: float = 5.0
     # Daily summaries
