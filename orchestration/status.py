@@ -109,6 +109,14 @@ class _Segment:
     rows: int
 
 
+def _read(read, archive: Path, path: Path, **kwargs):
+    """`read(path)`, or of the same segment in the archive if a running serve just moved it there."""
+    try:
+        return read(path, **kwargs)
+    except FileNotFoundError:
+        return read(archive / path.name, **kwargs)
+
+
 class _Log:
     """One landing log read once: its segments (row counts from the Parquet footers) and open records.
     Journals are read before the segments are listed, so a journal closed in between is counted once
@@ -116,6 +124,7 @@ class _Log:
 
     def __init__(self, settings: Settings, log: str, streams: list[str]):
         self.name, self.streams = log, streams
+        self.archive = settings.landing_archive / log
         folder = settings.landing / log
         records = []
         for journal in sorted(folder.glob(".journal-*")) if folder.is_dir() else ():
@@ -126,7 +135,7 @@ class _Log:
         self.segments = []
         for path in list_segments(settings, log):
             first, last = parse_segment_name(path.name)
-            self.segments.append(_Segment(path, first, last, pq.read_metadata(path).num_rows))
+            self.segments.append(_Segment(path, first, last, _read(pq.read_metadata, self.archive, path).num_rows))
         closed = max((s.last for s in self.segments), default=0)
         # (stream, seq, receive time in us) of the records landed but not in a closed segment yet
         self.open = sorted(((r[0], r[1], r[2]) for r in records if r[1] > closed), key=lambda r: r[1])
@@ -146,14 +155,15 @@ class _Log:
         if set(self.streams) <= set(streams):
             return seg.rows
         if seg.path not in self._counts:
-            column = pq.read_table(seg.path, columns=["stream"]).column("stream")
+            column = _read(pq.read_table, self.archive, seg.path, columns=["stream"]).column("stream")
             self._counts[seg.path] = {v["values"]: v["counts"] for v in pc.value_counts(column).to_pylist()}
         return sum(self._counts[seg.path].get(s, 0) for s in streams)
 
     def oldest_receive_us(self, seg: _Segment, streams: list[str]) -> int | None:
         """The earliest receive time (us since the epoch) of `streams` in a segment (two columns read)."""
         filtered = not set(self.streams) <= set(streams)
-        table = pq.read_table(seg.path, columns=["stream", "receive_time"] if filtered else ["receive_time"])
+        table = _read(pq.read_table, self.archive, seg.path,
+                      columns=["stream", "receive_time"] if filtered else ["receive_time"])
         times = table.column("receive_time")
         if filtered:
             times = times.filter(pc.is_in(table.column("stream"), value_set=pa.array(streams, pa.string())))

@@ -27,11 +27,10 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from transforms import lake
 from transforms.engine.sinks import QUARANTINE_TABLE
-from transforms.landing import Lander, list_segments
+from transforms.landing import Lander, list_segments, read_segment
 from transforms.settings import Settings
 
 REPLAYS_TABLE = "quarantine_replays"
@@ -118,7 +117,7 @@ def landed_replays(settings: Settings) -> pa.Table:
     """Every replay in the landing log: (stream, original_seq, new_seq, replayed_at)."""
     parts = []
     for seg in list_segments(settings):
-        t = pq.read_table(seg, columns=["stream", "seq", "receive_time", "connection"])
+        t = read_segment(settings, seg, columns=["stream", "seq", "receive_time", "connection"])
         t = t.filter(pc.starts_with(t.column("connection"), REPLAY_CONNECTION))
         if t.num_rows:
             original = pc.cast(pc.utf8_slice_codeunits(t.column("connection"), len(REPLAY_CONNECTION)), pa.int64())

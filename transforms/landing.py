@@ -317,7 +317,15 @@ def read_landed(settings: Settings, group: str) -> pa.Table:
     segs = list_segments(settings, group)
     if not segs:
         return LANDING_SCHEMA.empty_table()
-    return pa.concat_tables(pq.read_table(p, schema=LANDING_SCHEMA) for p in segs)
+    return pa.concat_tables(read_segment(settings, p, schema=LANDING_SCHEMA) for p in segs)
+
+
+def read_segment(settings: Settings, path: Path, **kwargs) -> pa.Table:
+    """A segment's rows; if a running serve archived it since it was listed, from the archive."""
+    try:
+        return pq.read_table(path, **kwargs)
+    except FileNotFoundError:
+        return pq.read_table(settings.landing_archive / path.parent.name / path.name, **kwargs)
 
 
 def payloads_for(settings: Settings, group: str, seqs: list[int]) -> dict[int, bytes]:
@@ -329,7 +337,7 @@ def payloads_for(settings: Settings, group: str, seqs: list[int]) -> dict[int, b
         hits = [s for s in wanted if first <= s <= last]
         if not hits:
             continue
-        table = pq.read_table(seg, columns=["seq", "payload"], filters=[("seq", "in", hits)])
+        table = read_segment(settings, seg, columns=["seq", "payload"], filters=[("seq", "in", hits)])
         found.update(zip(table.column("seq").to_pylist(), table.column("payload").to_pylist()))
         wanted -= set(hits)
         if not wanted:

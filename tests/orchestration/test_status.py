@@ -222,3 +222,23 @@ print(json.dumps({"jvm": jvm, "children": kids}))
     assert probe_result == {"jvm": False, "children": []}
     assert [(q["query"], q["lag_messages"]) for q in doc["queries"] if q["log"] == "text"] == [
         ("bronze_text", 3), ("word_count", 3)]
+
+
+def test_a_segment_archived_by_serve_while_status_reads_is_found_in_the_archive(settings, monkeypatch):
+    import orchestration.status as status_module
+    from tests.conftest import land
+    from transforms.landing import archive_segments
+
+    land(settings, "text", [b"a"])
+    land(settings, "text", [b"b c"])
+    listed = status_module.list_segments
+
+    def list_then_archive(s, log, *args, **kwargs):  # serve archives right after status listed
+        out = listed(s, log, *args, **kwargs)
+        if log == "text":
+            archive_segments(s, "text", {p.name for p in out})
+        return out
+
+    monkeypatch.setattr(status_module, "list_segments", list_then_archive)
+    (text,) = [log for log in status_module.compute_status(settings).logs if log.log == "text"]
+    assert (text.segments, text.messages) == (2, 2)
