@@ -137,13 +137,18 @@ def test_kill_9_while_sending_then_restart_leaves_every_table_exact(tmp_path):
     summary = settings.table_path("daily_return_code_summary")  # the follow-up runs in serve made it
     while time.monotonic() < deadline and not (lake.exists(summary) and summary_rows([lake.read(summary)]) == expected_summary()):
         time.sleep(1)
+
+    def archived():  # serve archives what every query committed, every 10 s
+        return [p for log in settings.registry.logs for p in list_segments(settings, log)
+                if settings.landing_archive in p.parents]
+
+    while time.monotonic() < deadline and not archived():
+        time.sleep(1)
     assert service.stop(signal.SIGTERM) == 0, service.output
 
     # The landing was archived as the queries committed it (the folder Spark lists stays small) and
     # the log is still whole: what follows reads live and archived segments alike.
-    archived = [p for log in settings.registry.logs for p in list_segments(settings, log)
-                if settings.landing_archive in p.parents]
-    assert archived, "serve archived no landing segment"
+    assert archived(), "serve archived no landing segment"
     landed = {log: read_landed(settings, log).to_pylist() for log in settings.registry.logs}
     by_stream = collections.defaultdict(list)
     for rows in landed.values():
