@@ -63,17 +63,16 @@ class DagsterReporter:
     """Collects committed batches (from the queries' threads) and reports them to the Dagster instance,
     throttled per table. `flush(force)` from one thread."""
 
-    def __init__(self, settings: Settings, interval: float | None = None, clock: Callable[[], float] = time.time):
+    def __init__(self, settings: Settings):
         from orchestration.runner import dagster_instance
 
         self.settings = settings
-        self.interval = settings.report_interval if interval is None else interval
-        self.clock = clock
+        self.interval = settings.report_interval
         self.instance = dagster_instance(settings)
         self._lock = threading.Lock()
         self._pending: dict[str, _Pending] = {}
-        self._last_report: dict[str, float] = {}
-        self.events = 0
+        self._last_report: dict[str, float] = {}  # table -> when its last event was sent
+        self._last_commit: dict[str, float] = {}  # table -> the last commit its last event covered
         self.changed = threading.Event()  # a table changed since the follow-ups last looked
 
     def on_batch(self, done: BatchDone) -> None:
@@ -95,7 +94,7 @@ class DagsterReporter:
 
         from transforms import lake
 
-        now = self.clock()
+        now = time.time()
         with self._lock:
             due = {t: p for t, p in self._pending.items()
                    if force or now - self._last_report.get(t, 0.0) >= self.interval}
@@ -104,8 +103,7 @@ class DagsterReporter:
                 self._last_report[t] = now
         for table, p in due.items():
             path = self.settings.table_path(table)
-            since = self._last_report.get(f"{table}/window", p.first_at)
-            span = max(p.last_at - min(since, p.first_at), 1e-3)
+            span = max(p.last_at - self._last_commit.get(table, p.first_at), 1e-3)
             meta = {
                 "rows_added": dg.MetadataValue.int(p.rows),
                 "batches": dg.MetadataValue.int(p.batches),
@@ -115,8 +113,7 @@ class DagsterReporter:
                 "source": dg.MetadataValue.text("eventide serve"),
             }
             self.instance.report_runless_asset_event(dg.AssetMaterialization(asset_key=table, metadata=meta))
-            self._last_report[f"{table}/window"] = p.last_at
-            self.events += 1
+            self._last_commit[table] = p.last_at
         return len(due)
 
 
@@ -179,13 +176,11 @@ class Service:
         return self
 
     def _plans(self):
-        from transforms.engine import plan_queries
-        from transforms.streams import bronze_application
+        from orchestration.status import query_plans
+        from transforms.streams import service_applications
 
-        registry = self.settings.registry
-        bronze = [bronze_application(s) for s in registry.streams.values()]
-        self._bronze_apps = {a.name for a in bronze}
-        return [p for app in bronze + list(registry.apps) for p in plan_queries(app, self.settings)]
+        self._bronze_apps = {a.name for a in service_applications(self.settings)[0]}
+        return query_plans(self.settings)
 
     def _trigger_of(self, plan) -> float:
         """Bronze is off the answer path: it runs less often, in bigger batches, and leaves the cores

@@ -175,11 +175,10 @@ class _Log:
 def query_plans(settings: Settings) -> list:
     """Every stream's bronze query, then every registered app's queries (as `eventide serve` runs them)."""
     from transforms.engine.plan import plan_queries
-    from transforms.streams import bronze_application
+    from transforms.streams import service_applications
 
-    registry = settings.registry
-    apps = [bronze_application(s) for s in registry.streams.values()] + list(registry.apps)
-    return [p for app in apps for p in plan_queries(app, settings)]
+    bronze, apps = service_applications(settings)
+    return [p for app in bronze + apps for p in plan_queries(app, settings)]
 
 
 def _iso(us: int | float | None) -> str | None:

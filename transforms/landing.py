@@ -94,13 +94,18 @@ def archive_segments(settings: Settings, group: str, names: set[str]) -> int:
         os.rename(live / name, archive / name)
         moved += 1
     if moved:
-        for d in (archive, live):
-            fd = os.open(d, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+        _fsync_dir(archive)
+        _fsync_dir(live)
     return moved
+
+
+def _fsync_dir(path: Path) -> None:
+    """Make a rename or a new file in `path` durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _encode_record(seq: int, recv_us: int, stream: str, conn: str, err: str | None, payload: bytes) -> bytes:
@@ -304,11 +309,7 @@ class Lander:
             f.flush()
             os.fsync(f.fileno())
         os.rename(tmp, final)
-        dir_fd = os.open(group_dir, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        _fsync_dir(group_dir)
         return final
 
 

@@ -43,3 +43,9 @@ def bronze_application(spec: StreamSpec | str) -> Application:
         quarantine_landing_errors=True,
         description=f"`{spec.name}` decoded by {spec.decoder.name}",
     )
+
+
+def service_applications(settings) -> tuple[list[Application], list[Application]]:
+    """What a home runs: each registered stream's bronze application, and the registered apps."""
+    registry = settings.registry
+    return [bronze_application(s) for s in registry.streams.values()], list(registry.apps)

@@ -17,7 +17,7 @@ from urllib.parse import unquote, urlparse
 from transforms.landing import parse_segment_name
 
 
-def _batch_ids(folder: Path) -> list[int]:
+def batch_ids(folder: Path) -> list[int]:
     return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit()) if folder.is_dir() else []
 
 
@@ -37,7 +37,7 @@ def _source_entries(folder: Path) -> list[tuple[int, str]]:
                 if p.name.endswith(".compact") and p.name[: -len(".compact")].isdigit()]
     start = max(compacts, default=-1)
     files = [folder / f"{start}.compact"] if start >= 0 else []
-    files += [folder / str(b) for b in _batch_ids(folder) if b > start]
+    files += [folder / str(b) for b in batch_ids(folder) if b > start]
     out = []
     for path in files:
         for line in _log_lines(path):
@@ -53,7 +53,7 @@ def _landing_source(checkpoint: Path) -> tuple[int, list[tuple[int, str]]] | Non
     """The index and entries of the source that reads the landing: the one whose metadata log lists
     landing segments (a query with timers also reads Spark's rate-micro-batch clock, which has none)."""
     sources = checkpoint / "sources"
-    for index in _batch_ids(sources):
+    for index in batch_ids(sources):
         entries = _source_entries(sources / str(index))
         if any(parse_segment_name(name) for _, name in entries):
             return index, entries
@@ -79,7 +79,7 @@ def _file_source_offset(checkpoint: Path, batch: int, index: int) -> int | None:
 
 def processed_segments(checkpoint: Path) -> tuple[int | None, set[str]]:
     """(last committed batch, names of the landing segments processed by it), from a checkpoint."""
-    committed = _batch_ids(checkpoint / "commits")
+    committed = batch_ids(checkpoint / "commits")
     if not committed:
         return None, set()
     last = committed[-1]
@@ -95,13 +95,13 @@ def processed_segments(checkpoint: Path) -> tuple[int | None, set[str]]:
 
 
 def has_commits(checkpoint: Path) -> bool:
-    return bool(_batch_ids(checkpoint / "commits"))
+    return bool(batch_ids(checkpoint / "commits"))
 
 
 def landing_log_of(checkpoint: Path) -> str | None:
     """The landing log a checkpoint's file source reads (the folder of the files it lists), or None."""
     sources = checkpoint / "sources"
-    for index in _batch_ids(sources):
+    for index in batch_ids(sources):
         folder = sources / str(index)
         for path in sorted(folder.iterdir(), key=lambda p: p.name):
             for line in _log_lines(path):

@@ -14,7 +14,6 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from transforms.settings import Settings
@@ -58,7 +57,7 @@ def describe(holder: dict | None) -> str:
 
 
 class QueryLock:
-    """The lock of one query, taken with `acquire` and given back with `release` (or as a context)."""
+    """The lock of one query, taken with `try_acquire` or `acquire` and given back with `release`."""
 
     def __init__(self, settings: Settings, query: str, command: str | None = None):
         self.query = query
@@ -88,18 +87,12 @@ class QueryLock:
         self._file = f
         return True
 
-    def acquire(self, wait_seconds: float = 0.0, waiting: Callable[[str], None] | None = None,
-                poll_seconds: float = 0.2) -> None:
-        """Take the lock, waiting up to `wait_seconds` (saying once who holds it); QueryBusy if still held."""
+    def acquire(self, wait_seconds: float = 0.0, poll_seconds: float = 0.2) -> None:
+        """Take the lock, waiting up to `wait_seconds`; QueryBusy (saying who holds it) if still held."""
         deadline = time.monotonic() + wait_seconds
-        said = False
         while not self.try_acquire():
-            holder = describe(holder_of_path(self.path))
             if time.monotonic() >= deadline:
-                raise QueryBusy(self.query, holder)
-            if waiting and not said:
-                waiting(f"{self.query}: waiting for {holder} to finish with it")
-                said = True
+                raise QueryBusy(self.query, describe(holder_of_path(self.path)))
             time.sleep(poll_seconds)
 
     def release(self) -> None:
@@ -109,13 +102,6 @@ class QueryLock:
             fcntl.flock(self._file, fcntl.LOCK_UN)
             self._file.close()
             self._file = None
-
-    def __enter__(self) -> QueryLock:
-        self.acquire()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.release()
 
 
 def holder_of_path(path: Path) -> dict | None:

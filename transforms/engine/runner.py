@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from transforms.api import Application
-from transforms.engine.checkpoints import has_commits
+from transforms.engine.checkpoints import batch_ids, has_commits
 from transforms.engine.envelope import ENVELOPE, TICK_STREAM
 from transforms.engine.keyed_state import KeyedStateProcessor
 from transforms.engine.locks import QueryLock, describe, holder_of
@@ -159,9 +159,7 @@ TICK_SOURCE = "rate-micro-batch"
 
 def last_planned_batch(checkpoint) -> int:
     """The highest batch id the checkpoint has planned (its offset log), -1 for a new one."""
-    offsets = checkpoint / "offsets"
-    ids = [int(p.name) for p in offsets.iterdir() if p.name.isdigit()] if offsets.is_dir() else []
-    return max(ids, default=-1)
+    return max(batch_ids(checkpoint / "offsets"), default=-1)
 
 
 def clock_ticks(spark):

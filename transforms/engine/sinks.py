@@ -91,12 +91,13 @@ class BatchWriter:
         if not wrote_any and table.num_rows:
             report.skipped_batches += 1
         now = time.time()
-        rt = table.column("receive_time").drop_null()
-        latencies = (pc.subtract(pa.scalar(now), pc.divide(rt.cast(pa.int64()), 1e6)).to_pylist() if len(rt) else [])
-        if latencies:
-            report.max_lag_seconds = max(report.max_lag_seconds or 0.0, max(latencies))
-        if self.on_batch is not None:
+        received_s = pc.divide(table.column("receive_time").drop_null().cast(pa.int64()), 1e6)  # epoch seconds
+        oldest = pc.min(received_s)
+        if oldest.is_valid:
+            report.max_lag_seconds = max(report.max_lag_seconds or 0.0, now - oldest.as_py())
+        if self.on_batch is not None:  # per-row latencies only for a watcher (serve), off `eventide run`'s path
             written = {k: v - before.get(k, 0) for k, v in report.rows_written.items() if v != before.get(k, 0)}
+            latencies = pc.subtract(pa.scalar(now), received_s).to_pylist()
             self.on_batch(BatchDone(self.plan.name, batch_id, written, latencies, now,
                                     bool(table.num_rows) and not wrote_any))
 

@@ -173,15 +173,18 @@ def _emit(out: dict, cols: dict, i: int, kind, seq, part, branch, key, msg, step
 
 def make_pre_stage(plan: QueryPlan, fail_fast: bool) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """The plan's pre stage, for mapInArrow: landing rows in, envelopes (`plan.stage_schema`) out."""
-    stage = make_columnar_stage(plan, fail_fast) if plan.mode is not QueryMode.ENVELOPE else None
-    if plan.timers:  # drop the clock's ticks (see runner): they only make the batch run
-        inner = stage or _make_envelope_stage(plan, fail_fast)
+    if plan.mode is QueryMode.ENVELOPE:
+        stage = _make_envelope_stage(plan, fail_fast)
+    else:
+        stage = make_columnar_stage(plan, fail_fast)
+    if not plan.timers:
+        return stage
 
-        def without_ticks(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-            return inner(b.filter(pc.not_equal(b.column("stream"), TICK_STREAM)) for b in batches)
+    def without_ticks(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        # The clock's ticks (see runner) only make the batch run.
+        return stage(b.filter(pc.not_equal(b.column("stream"), TICK_STREAM)) for b in batches)
 
-        return without_ticks
-    return stage or _make_envelope_stage(plan, fail_fast)
+    return without_ticks
 
 
 def _make_envelope_stage(plan: QueryPlan, fail_fast: bool) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
