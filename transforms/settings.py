@@ -34,7 +34,11 @@ class Settings:
     spark_remote: str = ""
     spark_shuffle_partitions: int = 2
     spark_ui: bool = False
-    spark_driver_memory: str = "4g"  # each micro-batch's outputs are collected on the driver
+    spark_driver_memory: str = "4g"  # local[*]: the driver's JVM also runs the executors' tasks
+    # Where a micro-batch's append rows are written: "executor" (each task writes Parquet files, the
+    # driver commits them) or "driver" (the whole batch collected and written on the driver; the
+    # reference form, kept for the equality tests and the benchmark).
+    write_path: str = "executor"
     # Gateway
     bind_host: str = "127.0.0.1"
     # Ports by stream, over what the apps' sources declare (`temps=7201,logs=7101`); 0 = a free port.
@@ -157,6 +161,8 @@ class Settings:
             raise ConfigError("EVENTIDE_MAX_FRAME_BYTES must be positive")
         if self.spark_shuffle_partitions <= 0:
             raise ConfigError("EVENTIDE_SPARK_SHUFFLE_PARTITIONS must be positive")
+        if self.write_path not in ("executor", "driver"):
+            raise ConfigError(f"EVENTIDE_WRITE_PATH={self.write_path!r}: must be 'executor' or 'driver'")
         bad_ports = {s: p for s, p in self.ports.items() if not 0 <= p < 65536}
         if bad_ports:
             raise ConfigError(f"EVENTIDE_PORTS: ports must be 0..65535 (0 = a free port), got {bad_ports}")

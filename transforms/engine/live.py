@@ -63,7 +63,8 @@ class LiveQuery:
                 self.say(f"{self.name}: waiting for {describe(holder_of(self.settings, self.name))} to finish with it")
                 self.waiting_said = True
             return
-        self.writer = BatchWriter(self.plan, self.settings, self.report, self.addresses, self.on_batch)
+        self.writer = BatchWriter(self.plan, self.settings, self.report, self.addresses, self.on_batch,
+                                  per_row_latencies=True)
         try:
             self.query = start_query(self.spark, self.plan, self.settings, self.writer, {"processingTime": self.trigger})
         except Exception as e:  # noqa: BLE001 - a query that cannot start is retried like one that failed

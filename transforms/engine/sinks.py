@@ -12,6 +12,7 @@ a TCP sink keeps a marker file of the last batch it sent.
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import time
@@ -19,14 +20,30 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from transforms import lake
 from transforms.api import DeltaSink, TCPSink, UserFunctionError, to_record
-from transforms.engine.envelope import DECODED_PREFIX
+from transforms.engine.envelope import DECODED_PREFIX, ENVELOPE
 from transforms.engine.plan import QueryMode, QueryPlan
+from transforms.engine.staging import (
+    FILE,
+    QUARANTINE_COLUMNS,
+    QUARANTINE_ROWS,
+    RECEIVE_TIMES,
+    STAGED,
+    StageBatch,
+    StagingJournal,
+    StagingPlan,
+    discard_uncommitted,
+    encode_all,
+    from_ipc,
+    new_token,
+    unordered,
+)
 from transforms.settings import ConfigError, Settings
 
 if TYPE_CHECKING:
@@ -66,44 +83,123 @@ class BatchDone:
 
 class BatchWriter:
     """One query's foreachBatch function; `close()` when the query ends. `on_batch`, if given, hears
-    about every batch after its writes (called on the query's thread: keep it quick)."""
+    about every batch after its writes (called on the query's thread: keep it quick); with
+    `per_row_latencies` its latencies hold one value per row, else only the oldest row's.
+
+    Two write paths, same tables (a test holds them equal): `settings.write_path == "executor"` (the
+    default) stages the batch on the executors (staging.py: they write the append sinks' Parquet files;
+    the driver commits them and the bounded rest); `"driver"`, the reference form, collects the whole
+    batch to the driver and writes it there with delta-rs."""
 
     def __init__(self, plan: QueryPlan, settings: Settings, report: RunReport,
-                 tcp_addresses: Mapping[str, str | None], on_batch: Callable[[BatchDone], None] | None = None):
+                 tcp_addresses: Mapping[str, str | None], on_batch: Callable[[BatchDone], None] | None = None,
+                 per_row_latencies: bool = False):
         ctx = WriteContext(plan, settings, report, tcp_addresses)
         self.plan = plan
+        self.settings = settings
         self.report = report
         self.on_batch = on_batch
+        self.per_row_latencies = per_row_latencies
         self.quarantine = QuarantineWriter(ctx)
         self.sinks = make_sink_writers(ctx)
+        self.journal = StagingJournal(plan.checkpoint(settings))
+        if settings.write_path == "executor":
+            self.journal.recover()  # files of attempts that a crash left uncommitted
 
     def __call__(self, batch_df, batch_id: int) -> None:
+        report = self.report
+        before = dict(report.rows_written)
+        if self.settings.write_path == "executor":
+            wrote_any, received, rows = self._write_staged(batch_df, batch_id)
+        else:
+            wrote_any, received, rows = self._write_collected(batch_df, batch_id)
+        report.batches += 1
+        if not wrote_any and rows:
+            report.skipped_batches += 1
+        now = time.time()
+        received_s = pc.divide(received.cast(pa.int64()), 1e6)  # epoch seconds
+        oldest = pc.min(received_s)
+        if oldest.is_valid:
+            report.max_lag_seconds = max(report.max_lag_seconds or 0.0, now - oldest.as_py())
+        if self.on_batch is not None:
+            written = {k: v - before.get(k, 0) for k, v in report.rows_written.items() if v != before.get(k, 0)}
+            latencies = pc.subtract(pa.scalar(now), received_s).to_pylist()
+            self.on_batch(BatchDone(self.plan.name, batch_id, written, latencies, now, bool(rows) and not wrote_any))
+
+    def _write_collected(self, batch_df, batch_id: int) -> tuple[bool, pa.ChunkedArray, int]:
+        """The reference path: the whole batch on the driver, written there."""
         table = batch_df.toArrow() if hasattr(batch_df, "toArrow") else pa.Table.from_pandas(batch_df.toPandas())
         table = table.sort_by([("seq", "ascending"), ("part", "ascending")]) if table.num_rows else table
         kind = table.column("kind")
-        report = self.report
-        before = dict(report.rows_written)
         wrote_any = self.quarantine.write(_of_kind(table, kind, "quarantine"), batch_id)
         outputs = Outputs(_of_kind(table, kind, "out"))
         for sink in self.sinks:
             wrote_any |= sink.write(outputs, batch_id)
-        report.batches += 1
-        if not wrote_any and table.num_rows:
-            report.skipped_batches += 1
-        now = time.time()
-        received_s = pc.divide(table.column("receive_time").drop_null().cast(pa.int64()), 1e6)  # epoch seconds
-        oldest = pc.min(received_s)
-        if oldest.is_valid:
-            report.max_lag_seconds = max(report.max_lag_seconds or 0.0, now - oldest.as_py())
-        if self.on_batch is not None:  # per-row latencies only for a watcher (serve), off `eventide run`'s path
-            written = {k: v - before.get(k, 0) for k, v in report.rows_written.items() if v != before.get(k, 0)}
-            latencies = pc.subtract(pa.scalar(now), received_s).to_pylist()
-            self.on_batch(BatchDone(self.plan.name, batch_id, written, latencies, now,
-                                    bool(table.num_rows) and not wrote_any))
+        received = table.column("receive_time").drop_null()
+        if not self.per_row_latencies and len(received):
+            received = pa.chunked_array([[pc.min(received).as_py()]], received.type)
+        return wrote_any, received, table.num_rows
+
+    def _write_staged(self, batch_df, batch_id: int) -> tuple[bool, pa.ChunkedArray, int]:
+        """The executors stage the batch in one Spark job; the driver commits what they staged."""
+        from pyspark.sql.pandas.types import from_arrow_schema
+
+        staging = StagingPlan(
+            plan=self.plan, batch_id=batch_id, token=new_token(),
+            append_roots={w.sink.table: str(w.root.absolute()) for w in self.sinks
+                          if isinstance(w, DeltaSinkWriter) and w.sink.mode == "append" and not w.committed(batch_id)},
+            upserts=frozenset(w.sink.table for w in self.sinks
+                              if isinstance(w, DeltaSinkWriter) and w.sink.mode == "upsert" and not w.committed(batch_id)),
+            tcp_sinks=frozenset(w.sink.name for w in self.sinks if isinstance(w, TCPSinkWriter) and w.conn is not None),
+            all_receive_times=self.per_row_latencies,
+        )
+        entry = self.journal.open(staging.token, batch_id, sorted(staging.append_roots.values()))
+        result = batch_df.mapInArrow(StageBatch(staging), from_arrow_schema(STAGED)).toArrow()
+        staged = Staged.of(result, staging)
+        q = staged.rows.get(QUARANTINE_ROWS)
+        wrote_any = self.quarantine.write(q if q is not None else EMPTY_QUARANTINE, batch_id)
+        for sink in self.sinks:
+            wrote_any |= sink.commit(staged, batch_id)
+        self.journal.close(entry)
+        times = staged.rows.get(RECEIVE_TIMES)
+        received = times.column("receive_time") if times is not None else pa.chunked_array([], pa.timestamp("us", tz="UTC"))
+        return wrote_any, received, staged.input_rows
 
     def close(self) -> None:
         for sink in self.sinks:
             sink.close()
+
+
+@dataclass
+class Staged:
+    """What the executors staged for one batch: each append table's files, and the tables of rows
+    for the driver by name (quarantine, upserts, TCP sinks, receive times)."""
+
+    staging: StagingPlan
+    files: dict[str, list[tuple[dict, pa.Schema]]]
+    rows: dict[str, pa.Table]
+    retried: set[str]  # tables with files from a retried task: earlier attempts may have left some
+    input_rows: int
+
+    @classmethod
+    def of(cls, result: pa.Table, staging: StagingPlan) -> Staged:
+        files: dict[str, list] = {}
+        parts: dict[str, list[pa.Table]] = {}
+        retried: set[str] = set()
+        for r in result.to_pylist():
+            if r["what"] == FILE:
+                schema = pa.ipc.read_schema(pa.py_buffer(r["schema"]))
+                files.setdefault(r["sink"], []).append((json.loads(r["data"]), schema))
+                if r["attempt"]:
+                    retried.add(r["sink"])
+            else:
+                parts.setdefault(r["sink"], []).append(from_ipc(r["data"]))
+        rows = {k: pa.concat_tables(v, promote_options="permissive") for k, v in parts.items()}
+        times = rows.get(RECEIVE_TIMES)
+        return cls(staging, files, rows, retried, times.num_rows if times is not None else len(result))
+
+
+EMPTY_QUARANTINE = pa.schema([(c, ENVELOPE.field(c).type) for c in QUARANTINE_COLUMNS]).empty_table()
 
 
 def _of_kind(table: pa.Table, kind: pa.ChunkedArray, value: str) -> pa.Table:
@@ -153,6 +249,11 @@ class SinkWriter:
         self.sink, self.ctx = sink, ctx
 
     def write(self, outputs: Outputs, batch_id: int) -> bool:
+        """The reference path: write this sink's share of the whole batch, collected on the driver."""
+        raise NotImplementedError
+
+    def commit(self, staged: Staged, batch_id: int) -> bool:
+        """The executor path: commit what the executors staged for this sink."""
         raise NotImplementedError
 
     def close(self) -> None:
@@ -163,6 +264,45 @@ class DeltaSinkWriter(SinkWriter):
     """Appends to or upserts into a Delta table, each commit carrying the app transaction."""
 
     sink: DeltaSink
+
+    def __init__(self, sink: DeltaSink, ctx: WriteContext):
+        super().__init__(sink, ctx)
+        self.root = ctx.settings.table_path(sink.table)
+        self.app_id = ctx.plan.app_id(sink.table)
+        self.done: int | None = None  # the last batch committed, read once: after that, this writer commits them
+
+    def committed(self, batch_id: int) -> bool:
+        if self.done is None:
+            self.done = lake.committed_batch(self.root, self.app_id)
+            self.done = -1 if self.done is None else self.done
+        return self.done >= batch_id
+
+    def commit(self, staged: Staged, batch_id: int) -> bool:
+        sink = self.sink
+        if sink.mode == "append":
+            if sink.table not in staged.staging.append_roots:
+                return False  # committed before (a replayed batch): the executors wrote nothing for it
+            files = staged.files.get(sink.table, [])
+            wrote = lake.commit_files_once(self.root, files, self.app_id, batch_id, sink.schema, sink.partition_by)
+            if not wrote:
+                for add, _ in files:
+                    (self.root / unquote(add["path"])).unlink(missing_ok=True)
+            elif sink.table in staged.retried:
+                discard_uncommitted(self.root, staged.staging.token)
+            rows = sum(json.loads(add["stats"])["numRecords"] for add, _ in files)
+        else:
+            if sink.table not in staged.staging.upserts:
+                return False
+            data = staged.rows.get(sink.table)
+            data = unordered(data) if data is not None else (sink.schema.empty_table() if sink.schema is not None else None)
+            if data is None:
+                return False
+            wrote = lake.merge_once(self.root, data, list(sink.keys), self.app_id, batch_id)
+            rows = data.num_rows
+        if wrote:
+            self.done = batch_id
+            self.ctx.count(sink.table, rows)
+        return wrote
 
     def write(self, outputs: Outputs, batch_id: int) -> bool:
         sink, plan = self.sink, self.ctx.plan
@@ -180,18 +320,23 @@ class DeltaSinkWriter(SinkWriter):
         return wrote
 
 
-class DirectDeltaWriter(SinkWriter):
+def direct_rows(plan: QueryPlan, sink: DeltaSink, outs: pa.Table) -> pa.Table:
+    """A direct plan's sink rows: the decoded columns and the envelope's, in the sink's schema."""
+    decoded = set(plan.decoded_schema.names)
+    return pa.table(
+        {f.name: outs.column(DECODED_PREFIX + f.name if f.name in decoded else f.name).cast(f.type) for f in sink.schema},
+        schema=sink.schema,
+    )
+
+
+class DirectDeltaWriter(DeltaSinkWriter):
     """Direct plans: the decoded columns are the one Delta sink's rows already (no objects)."""
 
     sink: DeltaSink
 
     def write(self, outputs: Outputs, batch_id: int) -> bool:
-        sink, plan, o = self.sink, self.ctx.plan, outputs.table
-        decoded = set(plan.decoded_schema.names)
-        data = pa.table(
-            {f.name: o.column(DECODED_PREFIX + f.name if f.name in decoded else f.name).cast(f.type) for f in sink.schema},
-            schema=sink.schema,
-        )
+        sink, plan = self.sink, self.ctx.plan
+        data = direct_rows(plan, sink, outputs.table)
         wrote = lake.append_once(self.ctx.settings.table_path(sink.table), data, plan.app_id(sink.table), batch_id,
                                  sink.partition_by)
         if wrote:
@@ -217,17 +362,24 @@ class TCPSinkWriter(SinkWriter):
         chosen, _ = outputs.for_sink(self.sink)
         if not chosen:
             return False
-        sent = self._send_once(chosen, batch_id)
+        sent = self._send_once(lambda: b"".join(encode_all(self.sink, chosen)), batch_id)
         self.ctx.count(f"tcp:{self.sink.name}", len(chosen))  # replays count too, as they always have
         return sent
 
-    def _send_once(self, outs: list, batch_id: int) -> bool:
-        from transforms.framing import DEFAULT_FRAMING
+    def commit(self, staged: Staged, batch_id: int) -> bool:
+        rows = staged.rows.get("tcp:" + self.sink.name)
+        if self.conn is None or rows is None or not rows.num_rows:
+            return False
+        encoded = unordered(rows).column("bytes")
+        sent = self._send_once(lambda: b"".join(encoded.to_pylist()), batch_id)
+        self.ctx.count(f"tcp:{self.sink.name}", len(encoded))
+        return sent
 
+    def _send_once(self, encoded: Callable[[], bytes], batch_id: int) -> bool:
         sink, marker = self.sink, self.marker
         if marker.exists() and int(marker.read_text() or -1) >= batch_id:
             return False
-        data = b"".join(DEFAULT_FRAMING.encode(sink.encoder(o)) if sink.framed else sink.encoder(o) for o in outs)
+        data = encoded()
         try:
             self.conn.send(data)
         except OSError as e:

@@ -19,6 +19,7 @@ from transforms.engine import (
     run_application,
 )
 from transforms.engine.sinks import WRITERS, resolve_tcp_sinks
+from transforms.engine.staging import STAGED
 from transforms.registry import registry_of
 from transforms.settings import ConfigError, Settings
 
@@ -71,13 +72,19 @@ def test_every_kind_of_sink_has_a_writer():
 
 
 class _Batch:
-    """What foreachBatch hands the writer, already computed."""
+    """What foreachBatch hands the writer, already computed; `mapInArrow` runs the function here, over
+    two "tasks" (the real engine's staging runs in tests/transforms/test_write_paths.py)."""
 
     def __init__(self, table):
         self.table = table
 
     def toArrow(self):
         return self.table
+
+    def mapInArrow(self, fn, schema):
+        half = self.table.num_rows // 2
+        tasks = [self.table.slice(0, half), self.table.slice(half)]
+        return _Batch(pa.Table.from_batches([b for t in tasks for b in fn(iter(t.to_batches()))], schema=STAGED))
 
 
 def _envelopes(rows):
@@ -100,10 +107,11 @@ def _listener():
     return server, thread, got
 
 
-def test_batch_writer_quarantines_first_then_writes_each_sink_once(tmp_path):
+@pytest.mark.parametrize("write_path", ["executor", "driver"])
+def test_batch_writer_quarantines_first_then_writes_each_sink_once(tmp_path, write_path):
     server, thread, got = _listener()
     app = _app(DeltaSink("t"), TCPSink("lines", as_line), TCPSink("x", as_line, optional=True))
-    settings = Settings(home=tmp_path, app_registry=registry_of([app]))
+    settings = Settings(home=tmp_path, app_registry=registry_of([app]), write_path=write_path)
     (plan,) = plan_queries(app, settings)
     batch = _Batch(_envelopes([
         {"kind": "out", "seq": 2, "msg": pickle.dumps({"text": "b"})},
@@ -117,7 +125,7 @@ def test_batch_writer_quarantines_first_then_writes_each_sink_once(tmp_path):
     writer.close()
     thread.join(5)
     server.close()
-    assert [r["text"] for r in lake.read(settings.table_path("t")).to_pylist()] == ["a", "b"]
+    assert sorted(r["text"] for r in lake.read(settings.table_path("t")).to_pylist()) == ["a", "b"]
     q = lake.read(settings.table_path(QUARANTINE_TABLE)).to_pylist()
     assert [(r["seq"], r["step"], r["payload"], r["query"]) for r in q] == [(3, "decoder text", b"\xff", "y")]
     assert b"".join(got) == b"a\nb\n"
@@ -125,12 +133,13 @@ def test_batch_writer_quarantines_first_then_writes_each_sink_once(tmp_path):
     assert report.batches == 2 and report.skipped_batches == 1
 
 
-def test_a_failing_sink_never_loses_the_quarantined_messages(tmp_path):
+@pytest.mark.parametrize("write_path", ["executor", "driver"])
+def test_a_failing_sink_never_loses_the_quarantined_messages(tmp_path, write_path):
     free = socket.create_server(("127.0.0.1", 0))
     port = free.getsockname()[1]
     free.close()  # nobody listens there
     app = _app(TCPSink("lines", as_line))
-    settings = Settings(home=tmp_path, app_registry=registry_of([app]))
+    settings = Settings(home=tmp_path, app_registry=registry_of([app]), write_path=write_path)
     (plan,) = plan_queries(app, settings)
     writer = BatchWriter(plan, settings, RunReport(plan.name), {"lines": f"127.0.0.1:{port}"})
     batch = _Batch(_envelopes([
