@@ -24,7 +24,8 @@ class EventideSettings(dg.ConfigurableResource):
 
 
 class SparkResource(dg.ConfigurableResource):
-    """The Spark session: `local[*]` by default, or EVENTIDE_SPARK_MASTER / EVENTIDE_SPARK_REMOTE."""
+    """The Spark session: `local[*]` by default, or EVENTIDE_SPARK_MASTER (a Spark Connect URL, `remote`,
+    is refused: see transforms.settings.CONNECT_REFUSED)."""
 
     master: str | None = None
     remote: str | None = None

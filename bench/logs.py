@@ -313,16 +313,6 @@ def duckdb_counts(files: list[Path]) -> tuple[dict, float]:
 
 
 # -- where the engine's Python time goes ------------------------------------------------------------------
-class _FakeBatch:
-    """What foreachBatch hands the writer, enough for it: an Arrow-convertible micro-batch."""
-
-    def __init__(self, table: pa.Table):
-        self.table = table
-
-    def toArrow(self) -> pa.Table:  # Spark's name
-        return self.table
-
-
 class _FakeValueState:
     """A key's RocksDB value state, in memory (answers both `exists()` + `get()` styles)."""
 
@@ -365,6 +355,7 @@ def profile_python_stages(settings: Settings, max_rows: int = STAGE_PROFILE_LINE
     try:
         from examples.logs import log_app
         from transforms import engine
+        from transforms.engine.staging import InProcessBatch
         from transforms.streams import bronze_application
 
         tables, rows = [], 0
@@ -399,7 +390,7 @@ def profile_python_stages(settings: Settings, max_rows: int = STAGE_PROFILE_LINE
                 staged = pa.Table.from_pandas(outputs, schema=engine.ENVELOPE, preserve_index=False)
                 out[f"{name}_state_step_outputs"] = staged.num_rows
             writer = engine.BatchWriter(plan, scratch, engine.RunReport(plan.name), {})
-            _, out[f"{name}_batch_writer_s_per_m"] = timed(lambda w=writer, t=staged: w(_FakeBatch(t), 0))
+            _, out[f"{name}_batch_writer_s_per_m"] = timed(lambda w=writer, t=staged: w(InProcessBatch(t), 0))
         return out
     except Exception as e:  # the profile is an extra: the benchmark goes on
         return {"error": f"{type(e).__name__}: {e}"}

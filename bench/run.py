@@ -59,13 +59,23 @@ def _benchmarks(quick: bool) -> dict:
         else:
             bench_latency(r, rates=(1000, 10_000), seconds=60, loop_seconds=30, breakdown_seconds=15)
 
+    def scale(r):
+        from bench.scale import bench_scale
+
+        # Executor-side against driver-side writes, and driver memory with a 1 GB driver; full: about 12 minutes.
+        if quick:
+            bench_scale(r, log_sizes=(50_000,), market_messages=50_000, bronze_lines=50_000, repeats=1,
+                        driver_path_sizes=(50_000,))
+        else:
+            bench_scale(r)
+
     return {"gateway": gateway, "bronze": bronze, "words": words, "market": market, "logs": logs,
-            "latency": latency}
+            "latency": latency, "scale": scale}
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--only", help="comma-separated: gateway,bronze,words,market,logs,latency")
+    p.add_argument("--only", help="comma-separated: gateway,bronze,words,market,logs,latency,scale")
     p.add_argument("--quick", action="store_true")
     args = p.parse_args(argv)
     benches = _benchmarks(args.quick)

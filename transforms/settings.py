@@ -19,6 +19,17 @@ class ConfigError(ValueError):
     """A setting has a value Eventide cannot use. The message names the variable and what is expected."""
 
 
+CONNECT_REFUSED = (
+    "EVENTIDE_SPARK_REMOTE={url}: Eventide cannot run over Spark Connect with PySpark 4.1. Spark Connect "
+    "runs a streaming query's foreachBatch function in a Python process on the server, not in this "
+    "process, and Eventide's batch writer must run here: it commits each micro-batch to the Delta tables "
+    "exactly once, sends the TCP sinks' outputs, and reports every batch to `eventide run`, Dagster and "
+    "`eventide serve` (over Connect those reports never come back, and the server's foreachBatch worker "
+    "cannot import app modules sent as artifacts). Run on a cluster through its master instead: unset "
+    "EVENTIDE_SPARK_REMOTE and set EVENTIDE_SPARK_MASTER=spark://HOST:PORT."
+)
+
+
 DEFAULT_APPS = "examples.logs:app,examples.market:app,examples.words:app"
 # Fields that are not read from the environment.
 _NOT_FROM_ENV = ("app_registry",)
@@ -29,7 +40,8 @@ class Settings:
     home: Path = Path(".eventide")
     # The registered applications: comma-separated `module:attribute` entries.
     apps: str = DEFAULT_APPS
-    # Spark: `local[*]` embedded, a `spark://host:port` master, or a Spark Connect URL (`sc://host:15002`).
+    # Spark: `local[*]` embedded, or a `spark://host:port` master. A Spark Connect URL is refused (see
+    # CONNECT_REFUSED): kept as a setting so that it says why instead of being ignored.
     spark_master: str = "local[*]"
     spark_remote: str = ""
     spark_shuffle_partitions: int = 2
@@ -161,6 +173,8 @@ class Settings:
             raise ConfigError("EVENTIDE_MAX_FRAME_BYTES must be positive")
         if self.spark_shuffle_partitions <= 0:
             raise ConfigError("EVENTIDE_SPARK_SHUFFLE_PARTITIONS must be positive")
+        if self.spark_remote:
+            raise ConfigError(CONNECT_REFUSED.format(url=self.spark_remote))
         if self.write_path not in ("executor", "driver"):
             raise ConfigError(f"EVENTIDE_WRITE_PATH={self.write_path!r}: must be 'executor' or 'driver'")
         bad_ports = {s: p for s, p in self.ports.items() if not 0 <= p < 65536}

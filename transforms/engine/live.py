@@ -17,6 +17,7 @@ from transforms.engine.plan import QueryPlan
 from transforms.engine.runner import RunReport, start_query
 from transforms.engine.sinks import BatchDone, BatchWriter
 from transforms.settings import Settings
+from transforms.spark import explain_task_error
 
 MAX_BACKOFF_SECONDS = 60.0
 TIMER_MIN_TRIGGER_SECONDS = 1.0
@@ -73,7 +74,7 @@ class LiveQuery:
     def _failed(self, error) -> None:
         self.failures += 1
         wait = min(MAX_BACKOFF_SECONDS, 2.0 ** (self.failures - 1))
-        first_line = str(error).strip().splitlines()[0] if error else "stopped"
+        first_line = (explain_task_error(error) or str(error).strip().splitlines()[0]) if error else "stopped"
         self.say(f"{self.name}: query failed ({first_line}); restarting in {wait:.0f} s (failure {self.failures})")
         self._close_writer()
         self.query = None

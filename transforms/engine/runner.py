@@ -27,6 +27,7 @@ from transforms.engine.sinks import BatchWriter, resolve_tcp_sinks
 from transforms.engine.stages import make_pre_stage
 from transforms.landing import LANDING_DDL
 from transforms.settings import Settings
+from transforms.spark import explain_task_error
 
 
 @dataclass
@@ -113,6 +114,11 @@ def _run_locked(spark, plan: QueryPlan, settings: Settings, addresses: dict, rep
         if plan.timers:
             stop_after_no_data_batch(query, planned_before)
         query.awaitTermination()
+    except Exception as e:
+        hint = explain_task_error(e)
+        if hint:
+            raise RuntimeError(f"query {plan.name!r} stopped: {hint}") from e
+        raise
     finally:
         writer.close()
     report.seconds = time.time() - started

@@ -288,3 +288,20 @@ def discard_uncommitted(root: Path, token: str) -> int:
             p.unlink(missing_ok=True)
             removed += 1
     return removed
+
+
+class InProcessBatch:
+    """A micro-batch already computed, as foreachBatch would hand it to the writer, for running the
+    writer without Spark (profiles, tests): `mapInArrow` runs the function here, one call per task."""
+
+    def __init__(self, table: pa.Table, tasks: int = 1):
+        self.table, self.tasks = table, max(1, tasks)
+
+    def toArrow(self) -> pa.Table:  # Spark's names
+        return self.table
+
+    def mapInArrow(self, fn, schema) -> InProcessBatch:
+        step = -(-self.table.num_rows // self.tasks) or 1
+        parts = [self.table.slice(i, step) for i in range(0, max(self.table.num_rows, 1), step)]
+        out = [b for part in parts for b in fn(iter(part.to_batches()))]
+        return InProcessBatch(pa.Table.from_batches(out, schema=STAGED if not out else out[0].schema))

@@ -19,7 +19,7 @@ from transforms.engine import (
     run_application,
 )
 from transforms.engine.sinks import WRITERS, resolve_tcp_sinks
-from transforms.engine.staging import STAGED
+from transforms.engine.staging import InProcessBatch
 from transforms.registry import registry_of
 from transforms.settings import ConfigError, Settings
 
@@ -71,20 +71,10 @@ def test_every_kind_of_sink_has_a_writer():
     assert set(WRITERS) == set(Sink.__args__)
 
 
-class _Batch:
-    """What foreachBatch hands the writer, already computed; `mapInArrow` runs the function here, over
-    two "tasks" (the real engine's staging runs in tests/transforms/test_write_paths.py)."""
-
-    def __init__(self, table):
-        self.table = table
-
-    def toArrow(self):
-        return self.table
-
-    def mapInArrow(self, fn, schema):
-        half = self.table.num_rows // 2
-        tasks = [self.table.slice(0, half), self.table.slice(half)]
-        return _Batch(pa.Table.from_batches([b for t in tasks for b in fn(iter(t.to_batches()))], schema=STAGED))
+def _Batch(table):
+    """What foreachBatch hands the writer, already computed, staged here in two "tasks" (the real
+    engine's staging runs in tests/transforms/test_write_paths.py)."""
+    return InProcessBatch(table, tasks=2)
 
 
 def _envelopes(rows):
