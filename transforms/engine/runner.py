@@ -25,6 +25,7 @@ from transforms.engine.locks import QueryLock, describe, holder_of
 from transforms.engine.plan import QueryPlan, plan_queries
 from transforms.engine.sinks import BatchWriter, resolve_tcp_sinks
 from transforms.engine.stages import make_pre_stage
+from transforms.engine.staging import STAGED, FusedStage, StagingPlan
 from transforms.landing import LANDING_DDL
 from transforms.settings import Settings
 from transforms.spark import explain_task_error
@@ -43,8 +44,9 @@ class RunReport:
     held_by: str | None = None  # not run: another process holds the query's lock (see locks.py)
 
 
-def build_stream(spark, plan: QueryPlan, settings: Settings):
-    """The streaming DataFrame of a plan, up to the sinks."""
+def build_stream(spark, plan: QueryPlan, settings: Settings, staging: StagingPlan | None = None):
+    """The streaming DataFrame of a plan, up to the sinks; with `staging` (a direct plan written by
+    the executors), its rows staged in the same pass (`STAGED` rows, see BatchWriter.fused)."""
     src_dir = settings.landing / plan.group
     src_dir.mkdir(parents=True, exist_ok=True)
     reader = spark.readStream.schema(LANDING_DDL)
@@ -58,6 +60,8 @@ def build_stream(spark, plan: QueryPlan, settings: Settings):
         df = df.unionByName(clock_ticks(spark))
     from pyspark.sql.pandas.types import from_arrow_schema
 
+    if staging is not None:
+        return df.mapInArrow(FusedStage(make_pre_stage(plan, settings.fail_fast), staging), from_arrow_schema(STAGED))
     env = df.mapInArrow(make_pre_stage(plan, settings.fail_fast), from_arrow_schema(plan.stage_schema))
     if plan.keyed:
         env = env.groupBy("key").transformWithStateInPandas(
@@ -151,7 +155,7 @@ def start_query(spark, plan: QueryPlan, settings: Settings, writer: BatchWriter,
     ckpt = plan.checkpoint(settings)
     ckpt.parent.mkdir(parents=True, exist_ok=True)
     return (
-        build_stream(spark, plan, settings).writeStream.queryName(plan.name.replace(".", "_"))
+        build_stream(spark, plan, settings, writer.fused).writeStream.queryName(plan.name.replace(".", "_"))
         .foreachBatch(writer)
         .option("checkpointLocation", str(ckpt.absolute()))
         .trigger(**trigger)

@@ -1,10 +1,12 @@
 """The sinks (foreachBatch): each micro-batch's quarantine rows and outputs, written exactly once.
 
-`BatchWriter` is the foreachBatch function. It splits a micro-batch into quarantine rows and
-outputs, writes the quarantine rows first (a bad message is never lost, even if a sink fails), then
-hands the outputs to one writer per sink, in the plan's order. A writer has `write(outputs, batch_id)`
-(True if it wrote the batch, False if it had already) and `close()`; `WRITERS` maps each kind of sink
-of transforms.api to its writer class, so a new kind of sink is a new class there.
+`BatchWriter` is the foreachBatch function. The executors stage the micro-batch (staging.py: the
+append sinks' Parquet files written, the bounded rest shipped); the driver writes the quarantine
+rows first (a bad message is never lost, even if a sink fails), then lets one writer per sink, in the
+plan's order, commit its share. A writer has `commit(staged, batch_id)` (True if it wrote the batch,
+False if it had already), `write(outputs, batch_id)` (the same from the whole batch collected on the
+driver: the reference form, `EVENTIDE_WRITE_PATH=driver`) and `close()`; `WRITERS` maps each kind of
+sink of transforms.api to its writer class, so a new kind of sink is a new class there.
 
 Exactly once: Delta writes carry the app transaction (query, batch id) and check it before writing;
 a TCP sink keeps a marker file of the last batch it sent.
@@ -19,8 +21,8 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -103,8 +105,27 @@ class BatchWriter:
         self.quarantine = QuarantineWriter(ctx)
         self.sinks = make_sink_writers(ctx)
         self.journal = StagingJournal(plan.checkpoint(settings))
+        self.fused: StagingPlan | None = None  # a direct plan stages inside the query's own stage
+        self.fused_entry = None
         if settings.write_path == "executor":
             self.journal.recover()  # files of attempts that a crash left uncommitted
+            if plan.mode is QueryMode.DIRECT:
+                # One token for the query run: the tasks stage before the batch (or its replay) is known.
+                self.fused = self._staging_plan(None, every_sink=True)
+                self.fused_entry = self.journal.open(self.fused.token, -1, sorted(self.fused.append_roots.values()))
+
+    def _staging_plan(self, batch_id: int | None, every_sink: bool = False) -> StagingPlan:
+        def needed(w) -> bool:
+            return every_sink or not w.committed(batch_id)
+
+        deltas = [w for w in self.sinks if isinstance(w, DeltaSinkWriter)]
+        return StagingPlan(
+            plan=self.plan, batch_id=batch_id, token=new_token(),
+            append_roots={w.sink.table: str(w.root.absolute()) for w in deltas if w.sink.mode == "append" and needed(w)},
+            upserts=frozenset(w.sink.table for w in deltas if w.sink.mode == "upsert" and needed(w)),
+            tcp_sinks=frozenset(w.sink.name for w in self.sinks if isinstance(w, TCPSinkWriter) and w.conn is not None),
+            all_receive_times=self.per_row_latencies,
+        )
 
     def __call__(self, batch_df, batch_id: int) -> None:
         report = self.report
@@ -126,6 +147,7 @@ class BatchWriter:
             latencies = pc.subtract(pa.scalar(now), received_s).to_pylist()
             self.on_batch(BatchDone(self.plan.name, batch_id, written, latencies, now, bool(rows) and not wrote_any))
 
+    # Each path returns: whether it wrote anything, the receive times, and whether the batch had rows.
     def _write_collected(self, batch_df, batch_id: int) -> tuple[bool, pa.ChunkedArray, int]:
         """The reference path: the whole batch on the driver, written there."""
         table = batch_df.toArrow() if hasattr(batch_df, "toArrow") else pa.Table.from_pandas(batch_df.toPandas())
@@ -144,30 +166,32 @@ class BatchWriter:
         """The executors stage the batch in one Spark job; the driver commits what they staged."""
         from pyspark.sql.pandas.types import from_arrow_schema
 
-        staging = StagingPlan(
-            plan=self.plan, batch_id=batch_id, token=new_token(),
-            append_roots={w.sink.table: str(w.root.absolute()) for w in self.sinks
-                          if isinstance(w, DeltaSinkWriter) and w.sink.mode == "append" and not w.committed(batch_id)},
-            upserts=frozenset(w.sink.table for w in self.sinks
-                              if isinstance(w, DeltaSinkWriter) and w.sink.mode == "upsert" and not w.committed(batch_id)),
-            tcp_sinks=frozenset(w.sink.name for w in self.sinks if isinstance(w, TCPSinkWriter) and w.conn is not None),
-            all_receive_times=self.per_row_latencies,
-        )
-        entry = self.journal.open(staging.token, batch_id, sorted(staging.append_roots.values()))
-        result = batch_df.mapInArrow(StageBatch(staging), from_arrow_schema(STAGED)).toArrow()
+        if self.fused is not None:  # the query's rows are staged already (runner.build_stream)
+            staging, entry = self.fused, None
+            result = batch_df.toArrow()
+        else:
+            staging = self._staging_plan(batch_id)
+            entry = self.journal.open(staging.token, batch_id, sorted(staging.append_roots.values()))
+            result = batch_df.mapInArrow(StageBatch(staging), from_arrow_schema(STAGED)).toArrow()
         staged = Staged.of(result, staging)
         q = staged.rows.get(QUARANTINE_ROWS)
         wrote_any = self.quarantine.write(q if q is not None else EMPTY_QUARANTINE, batch_id)
         for sink in self.sinks:
             wrote_any |= sink.commit(staged, batch_id)
-        self.journal.close(entry)
+        if entry is not None:
+            self.journal.close(entry)
         times = staged.rows.get(RECEIVE_TIMES)
         received = times.column("receive_time") if times is not None else pa.chunked_array([], pa.timestamp("us", tz="UTC"))
-        return wrote_any, received, staged.input_rows
+        return wrote_any, received, int(staged.had_rows)
 
     def close(self) -> None:
         for sink in self.sinks:
             sink.close()
+        if self.fused_entry is not None:  # the run's files that no commit took (a replay's, a retried task's)
+            for root in self.fused.append_roots.values():
+                discard_uncommitted(Path(root), self.fused.token)
+            self.journal.close(self.fused_entry)
+            self.fused_entry = None
 
 
 @dataclass
@@ -179,7 +203,7 @@ class Staged:
     files: dict[str, list[tuple[dict, pa.Schema]]]
     rows: dict[str, pa.Table]
     retried: set[str]  # tables with files from a retried task: earlier attempts may have left some
-    input_rows: int
+    had_rows: bool  # every task with rows ships their receive times
 
     @classmethod
     def of(cls, result: pa.Table, staging: StagingPlan) -> Staged:
@@ -195,8 +219,7 @@ class Staged:
             else:
                 parts.setdefault(r["sink"], []).append(from_ipc(r["data"]))
         rows = {k: pa.concat_tables(v, promote_options="permissive") for k, v in parts.items()}
-        times = rows.get(RECEIVE_TIMES)
-        return cls(staging, files, rows, retried, times.num_rows if times is not None else len(result))
+        return cls(staging, files, rows, retried, RECEIVE_TIMES in rows)
 
 
 EMPTY_QUARANTINE = pa.schema([(c, ENVELOPE.field(c).type) for c in QUARANTINE_COLUMNS]).empty_table()
@@ -282,11 +305,16 @@ class DeltaSinkWriter(SinkWriter):
         if sink.mode == "append":
             if sink.table not in staged.staging.append_roots:
                 return False  # committed before (a replayed batch): the executors wrote nothing for it
+            if staged.staging.batch_id is None and self.committed(batch_id):
+                # Staged before the batch was known (a direct plan), and a replay: its files go.
+                for add, _ in staged.files.get(sink.table, []):
+                    (self.root / add["path"]).unlink(missing_ok=True)
+                return False
             files = staged.files.get(sink.table, [])
             wrote = lake.commit_files_once(self.root, files, self.app_id, batch_id, sink.schema, sink.partition_by)
             if not wrote:
                 for add, _ in files:
-                    (self.root / unquote(add["path"])).unlink(missing_ok=True)
+                    (self.root / add["path"]).unlink(missing_ok=True)
             elif sink.table in staged.retried:
                 discard_uncommitted(self.root, staged.staging.token)
             rows = sum(json.loads(add["stats"])["numRecords"] for add, _ in files)

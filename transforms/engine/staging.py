@@ -47,8 +47,8 @@ class StagingPlan:
     """What the tasks of one micro-batch need (pickled to the executors)."""
 
     plan: QueryPlan
-    batch_id: int
-    token: str  # this attempt's id, in every file name: the journal finds an uncommitted attempt's files by it
+    batch_id: int | None  # None: staged inside the query's own stage (`FusedStage`), before the batch is known
+    token: str  # this attempt's (or query run's) id, in every file name: the journal finds uncommitted files by it
     append_roots: dict  # append sink table -> absolute table folder, for the sinks that still need this batch
     upserts: frozenset  # upsert sink tables that still need this batch
     tcp_sinks: frozenset  # TCP sinks that are on
@@ -69,7 +69,7 @@ class StageBatch:
         from pyspark import TaskContext
 
         task = TaskContext.get()
-        where = (task.partitionId(), task.attemptNumber()) if task else (0, 0)
+        where = (task.stageId(), task.partitionId(), task.attemptNumber()) if task else (0, 0, 0)
         batches = list(batches)
         if not batches:
             return
@@ -79,7 +79,18 @@ class StageBatch:
             yield pa.RecordBatch.from_pylist(rows, schema=STAGED)
 
 
-def stage_table(staging: StagingPlan, table: pa.Table, task: int = 0, attempt: int = 0) -> list[dict]:
+class FusedStage:
+    """A direct plan's pre stage and its staging in one Python pass (mapInArrow): landing rows in,
+    `STAGED` rows out. Saves the decoded rows a trip from Python to the JVM and back (bronze)."""
+
+    def __init__(self, pre_stage, staging: StagingPlan):
+        self.pre_stage, self.stage = pre_stage, StageBatch(staging)
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        return self.stage(self.pre_stage(batches))
+
+
+def stage_table(staging: StagingPlan, table: pa.Table, stage: int = 0, task: int = 0, attempt: int = 0) -> list[dict]:
     """One task's share of the batch, staged: files written, and the rows the driver needs."""
     from transforms.engine.sinks import Outputs, _of_kind, direct_rows, outputs_to_table
 
@@ -95,14 +106,17 @@ def stage_table(staging: StagingPlan, table: pa.Table, task: int = 0, attempt: i
     quarantined = _of_kind(table, kind, "quarantine")
     if quarantined.num_rows:
         ship(QUARANTINE_ROWS, quarantined.select(list(QUARANTINE_COLUMNS)))
-    times = table.column("receive_time").drop_null()
-    if len(times):
-        ship(RECEIVE_TIMES, pa.table({"receive_time": times if staging.all_receive_times else pa.array([pc.min(times).as_py()], times.type)}))
+    if table.num_rows:  # shipped by every task with rows (the driver tells an empty batch by it)
+        times = table.column("receive_time").drop_null()
+        if len(times) and not staging.all_receive_times:
+            times = pa.chunked_array([[pc.min(times).as_py()]], times.type)
+        ship(RECEIVE_TIMES, pa.table({"receive_time": times}))
     outs = _of_kind(table, kind, "out")
     if not outs.num_rows:
         return out
     outputs = Outputs(outs)
-    name = f"{FILE_PREFIX}{staging.token}-b{staging.batch_id}-t{task}-a{attempt}-{uuid.uuid4().hex[:8]}"
+    batch = f"b{staging.batch_id}" if staging.batch_id is not None else f"s{stage}"
+    name = f"{FILE_PREFIX}{staging.token}-{batch}-t{task}-a{attempt}-{uuid.uuid4().hex[:8]}"
     for sink in plan.sinks:
         if isinstance(sink, TCPSink):
             if sink.name in staging.tcp_sinks:
