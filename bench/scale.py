@@ -17,6 +17,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -87,8 +88,12 @@ def _rss_and_kind(pid: int) -> tuple[int, str]:
 
 def run_backlog(home: Path, apps: str, write_path: str, driver_memory: str) -> dict:
     """The child over `home`'s landing, sampled every 0.2 s: seconds, peak RSS per kind, its result."""
+    gc_logs = home / "gc"
+    gc_logs.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "EVENTIDE_WRITE_PATH": write_path, "EVENTIDE_SPARK_DRIVER_MEMORY": driver_memory,
-           "EVENTIDE_HOME": str(home), "EVENTIDE_APPS": apps}
+           "EVENTIDE_HOME": str(home), "EVENTIDE_APPS": apps,
+           # The JVM's heap before each collection: the driver's real peak, which its RSS only bounds.
+           "JAVA_TOOL_OPTIONS": f"-Xlog:gc:file={gc_logs}/gc-%p.log"}
     started = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-m", "bench.scale", "--child", str(home), apps], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -107,12 +112,29 @@ def run_backlog(home: Path, apps: str, write_path: str, driver_memory: str) -> d
     result: dict = {"seconds": round(seconds, 1), "ok": proc.returncode == 0,
                     **{f"peak_{k}_mb": round(v / 2**20) for k, v in peak.items()}}
     result["peak_driver_mb"] = result["peak_driver_python_mb"] + result["peak_jvm_mb"]
+    result["peak_jvm_heap_used_mb"], result["jvm_heap_max_mb"] = peak_heap(gc_logs)
     if proc.returncode == 0:
         result.update(json.loads(out.strip().splitlines()[-1]))
     else:
         tail = [ln for ln in err.strip().splitlines() if ln.strip()][-3:]
         result["error"] = " | ".join(tail)[-400:]
     return result
+
+
+GC_LINE = re.compile(r"(\d+)M->(\d+)M\((\d+)M\)")
+
+
+def peak_heap(gc_logs: Path) -> tuple[int | None, int | None]:
+    """The driver JVM's peak heap in use (before a collection) and its largest heap, from its GC log
+    (the JVM with the most collections: the others are spark-submit's short launcher)."""
+    best: list[tuple[int, int, int]] = []
+    for log in gc_logs.glob("gc-*.log"):
+        found = [tuple(map(int, m.groups())) for m in GC_LINE.finditer(log.read_text(errors="replace"))]
+        if len(found) > len(best):
+            best = found
+    if not best:
+        return None, None
+    return max(b for b, _, _ in best), max(c for _, _, c in best)
 
 
 # -- landing ------------------------------------------------------------------------------------------

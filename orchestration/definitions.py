@@ -83,6 +83,9 @@ def build_definitions(registry: Registry) -> dg.Definitions:
             jobs=[pipelines_job],
             sensors=[new_segments_sensor],
             resources={"eventide": EventideSettings(), "spark": SparkResource()},
+            # Every run (sensor, schedule, UI, backfill, `dagster asset materialize`) runs its steps in
+            # one process with one Spark session: the default, a process per step, started a JVM per asset.
+            executor=dg.in_process_executor,
         ),
     )
 

@@ -234,3 +234,7 @@ def test_dagster_asset_materialize_runs_a_users_app_and_its_checks(user_app, tmp
         record = instance.get_latest_asset_check_evaluation_record(dg.AssetCheckKey(dg.AssetKey("temps_kelvin"), name))
         passed[name] = record.event.dagster_event.event_specific_data.passed if record and record.event else None
     assert passed == {"every_sensor_named": True, "above_absolute_zero": True}
+    # One process for the run's steps (one Spark session), not a process per step.
+    (run,) = instance.get_runs()
+    kinds = {e.dagster_event.event_type_value for e in instance.all_logs(run.run_id) if e.dagster_event}
+    assert "STEP_SUCCESS" in kinds and not kinds & {"STEP_WORKER_STARTING", "STEP_WORKER_STARTED"}
