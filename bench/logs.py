@@ -367,7 +367,8 @@ def profile_python_stages(settings: Settings, max_rows: int = STAGE_PROFILE_LINE
         landed = pa.concat_tables(tables).slice(0, max_rows)
         batches = landed.to_batches(max_chunksize=10_000)  # Spark's default Arrow batch size for Python UDFs
         per_m = 1e6 / landed.num_rows
-        scratch = dataclasses.replace(settings, home=settings.home / "stage-profile")  # not the real tables
+        # Not the real tables; the driver-side writer (a direct plan stages inside its own Spark stage).
+        scratch = dataclasses.replace(settings, home=settings.home / "stage-profile", write_path="driver")
 
         def timed(fn):
             started = time.perf_counter()
