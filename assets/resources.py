@@ -24,15 +24,12 @@ class EventideSettings(dg.ConfigurableResource):
 
 
 class SparkResource(dg.ConfigurableResource):
-    """The Spark session: `local[*]` by default, or EVENTIDE_SPARK_MASTER (a Spark Connect URL, `remote`,
-    is refused: see transforms.settings.CONNECT_REFUSED)."""
+    """The Spark session: `local[*]` by default, or EVENTIDE_SPARK_MASTER (Spark Connect is refused: see
+    transforms.settings.CONNECT_REFUSED)."""
 
     master: str | None = None
-    remote: str | None = None
 
     def session(self, settings: Settings):
         if self.master:
             settings = dataclasses.replace(settings, spark_master=self.master)
-        if self.remote:
-            settings = dataclasses.replace(settings, spark_remote=self.remote)
         return get_spark(settings)

@@ -25,7 +25,7 @@ import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,22 +34,6 @@ MARKER = "EVENTIDE_TEST_CLUSTER"
 # JVM options of the test daemons: the client compiler only and a serial GC start a JVM several times
 # faster on a small, busy machine (measured under load: cluster up in 4.6 s instead of 19 s).
 FAST_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
-ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
-# What transforms/spark.py sets on its session: a Connect server gets it as its own configuration.
-EVENTIDE_CONFS = {
-    "spark.sql.streaming.stateStore.providerClass": ROCKSDB,
-    "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
-    "spark.sql.execution.arrow.pyspark.enabled": "true",
-    "spark.sql.session.timeZone": "UTC",
-    "spark.sql.streaming.noDataMicroBatches.enabled": "false",
-    "spark.sql.shuffle.partitions": "2",
-    "spark.ui.enabled": "false",
-    "spark.ui.showConsoleProgress": "false",
-    "spark.driver.bindAddress": "127.0.0.1",
-    "spark.driver.host": "127.0.0.1",
-}
-
-
 class ClusterError(RuntimeError):
     """A daemon did not come up in time, or died; the message has the tails of the logs."""
 
@@ -123,9 +107,10 @@ class Daemon:
         return self.proc is not None and self.proc.poll() is None
 
     def kill(self) -> None:
-        """SIGKILL the daemon itself (not its group): what a crash of this JVM looks like."""
+        """SIGKILL the daemon's process group (a worker, its executor and their Python workers): what
+        the loss of a machine looks like."""
         if self.running():
-            os.kill(self.pid, signal.SIGKILL)
+            _signal_group(self.pid, signal.SIGKILL)
             self.proc.wait()
 
     def stop(self, grace: float = 5.0) -> None:
@@ -233,10 +218,6 @@ class StandaloneCluster:
     def alive_workers(self) -> list[dict]:
         return [w for w in self.status().get("workers", []) if w.get("state") == "ALIVE"]
 
-    def processes(self) -> list[int]:
-        """Every live process of this cluster: daemons, executors, Python workers."""
-        return leftover_pids(self.marker)
-
     def logs(self, lines: int = 40) -> str:
         return "\n".join(d.tail(lines) for d in [self.master, *self.workers])
 
@@ -299,27 +280,25 @@ def _wait(ready, timeout: float, logs, what: str, daemons: list[Daemon]) -> None
 
 # -- Spark Connect ----------------------------------------------------------------------------------
 @contextmanager
-def connect_server(tmp: Path, master: str = "local[2]", conf: dict[str, str] | None = None,
-                   timeout: float = 120.0, env: dict[str, str] | None = None,
-                   info: dict | None = None) -> Iterator[str]:
-    """A Spark Connect server on 127.0.0.1 with Eventide's session settings; yields `sc://127.0.0.1:PORT`.
+def connect_server(tmp: Path, timeout: float = 120.0, info: dict | None = None) -> Iterator[str]:
+    """A Spark Connect server on 127.0.0.1 (master local[2]); yields `sc://127.0.0.1:PORT`.
 
     Started through spark-submit (SparkConnectServer reads its settings from the submit's `--conf`, not
     from its own arguments), log in `tmp/logs/connect.log`. Python code the clients send (UDFs,
-    mapInArrow, foreachBatch functions) runs in Python workers of this server, with the server's
-    environment: `env` adds to it (PYTHONPATH for an app module, say). `info`, if given, receives
-    `daemon` and `marker` (to look at the log or the processes)."""
+    mapInArrow, foreachBatch functions) runs in Python workers of this server. `info`, if given,
+    receives `daemon` and `marker` (to look at the log or the processes)."""
     tmp = Path(tmp)
     tmp.mkdir(parents=True, exist_ok=True)
     marker = uuid.uuid4().hex
     port = free_port()
-    confs = {**EVENTIDE_CONFS,
-             "spark.connect.grpc.binding.address": "127.0.0.1",
+    confs = {"spark.connect.grpc.binding.address": "127.0.0.1",
              "spark.connect.grpc.binding.port": str(port),
+             "spark.driver.bindAddress": "127.0.0.1",
+             "spark.driver.host": "127.0.0.1",
+             "spark.ui.enabled": "false",
              "spark.sql.warehouse.dir": str(tmp / "spark-warehouse"),
-             "spark.driver.extraJavaOptions": f"{FAST_JVM} -Dderby.system.home={tmp / 'derby'}",
-             **(conf or {})}
-    args = [str(pyspark_home() / "bin" / "spark-submit"), "--master", master,
+             "spark.driver.extraJavaOptions": f"{FAST_JVM} -Dderby.system.home={tmp / 'derby'}"}
+    args = [str(pyspark_home() / "bin" / "spark-submit"), "--master", "local[2]",
             "--class", "org.apache.spark.sql.connect.service.SparkConnectServer", "--name", "eventide-connect"]
     for key, value in confs.items():
         args += ["--conf", f"{key}={value}"]
@@ -327,18 +306,9 @@ def connect_server(tmp: Path, master: str = "local[2]", conf: dict[str, str] | N
     if info is not None:
         info.update(daemon=daemon, marker=marker)
     try:
-        daemon.start(spark_env(tmp, marker, env), tmp)
+        daemon.start(spark_env(tmp, marker), tmp)
         _wait(lambda: _port_open(port), timeout, daemon.tail, f"Spark Connect on 127.0.0.1:{port}", [daemon])
         yield f"sc://127.0.0.1:{port}"
     finally:
         daemon.stop()
         _kill_leftovers(marker)
-
-
-@contextmanager
-def clusters(tmp: Path, **standalone) -> Iterator[tuple[StandaloneCluster, str]]:
-    """Both at once: a standalone cluster, and a Connect server whose master is that cluster."""
-    with ExitStack() as stack:
-        cluster = stack.enter_context(standalone_cluster(Path(tmp) / "standalone", **standalone))
-        url = stack.enter_context(connect_server(Path(tmp) / "connect", master=cluster.url))
-        yield cluster, url

@@ -79,10 +79,10 @@ def user_code_roots(settings: Settings) -> list[Path]:
     from transforms.registry import parse_entries
 
     installed = {Path(sysconfig.get_paths()[k]).resolve() for k in ("purelib", "platlib")}
+    settings.registry  # noqa: B018 - imports the apps (and puts the current folder on sys.path)
     roots: dict[Path, None] = {}
     for entry in parse_entries(settings.apps):
         top = entry.partition(":")[0].split(".")[0]
-        settings.registry  # noqa: B018 - imports the apps (and puts the current folder on sys.path)
         spec = importlib.util.find_spec(top)
         if spec is None or not spec.origin or spec.origin in ("built-in", "frozen"):
             continue

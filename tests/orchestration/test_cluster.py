@@ -5,9 +5,7 @@ worker killed with SIGKILL in the middle of a run loses nothing and duplicates n
 
 Each run is `eventide run` in its own process (its own driver JVM), over a copy of one landing."""
 
-import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -129,8 +127,7 @@ def test_a_worker_killed_mid_run_loses_and_duplicates_nothing(landed, tmp_path):
         while not lake.exists(home / "lake" / "bronze_market_data") and time.monotonic() < deadline and run.poll() is None:
             time.sleep(0.2)
         assert run.poll() is None, "the run ended before the worker could be killed"
-        victim = cluster.workers[0]
-        os.killpg(victim.pid, signal.SIGKILL)  # the worker, its executor and its Python workers: a lost machine
+        cluster.workers[0].kill()  # the worker, its executor and its Python workers: a lost machine
         out, _ = run.communicate(timeout=400)
         if run.returncode != 0:  # allowed, with a message that says what happened
             assert "error" in out.lower() or "failed" in out.lower(), out[-3000:]

@@ -16,11 +16,9 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,8 +26,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from transforms import lake
-from transforms.api import DeltaSink, TCPSink, UserFunctionError, to_record
-from transforms.engine.envelope import DECODED_PREFIX, ENVELOPE
+from transforms.api import DeltaSink, TCPSink
+from transforms.engine.envelope import ENVELOPE
 from transforms.engine.plan import QueryMode, QueryPlan
 from transforms.engine.staging import (
     FILE,
@@ -37,13 +35,17 @@ from transforms.engine.staging import (
     QUARANTINE_ROWS,
     RECEIVE_TIMES,
     STAGED,
+    Outputs,
     StageBatch,
     StagingJournal,
     StagingPlan,
+    direct_rows,
     discard_uncommitted,
     encode_all,
     from_ipc,
     new_token,
+    of_kind,
+    outputs_to_table,
     unordered,
 )
 from transforms.settings import ConfigError, Settings
@@ -65,7 +67,7 @@ QUARANTINE_SCHEMA = pa.schema(
         ("batch_id", pa.int64()),
     ]
 )
-METADATA_COLUMNS = ("seq", "part", "stream", "receive_time", "connection")
+
 
 
 # -- the foreachBatch function ----------------------------------------------------------------------
@@ -153,8 +155,8 @@ class BatchWriter:
         table = batch_df.toArrow() if hasattr(batch_df, "toArrow") else pa.Table.from_pandas(batch_df.toPandas())
         table = table.sort_by([("seq", "ascending"), ("part", "ascending")]) if table.num_rows else table
         kind = table.column("kind")
-        wrote_any = self.quarantine.write(_of_kind(table, kind, "quarantine"), batch_id)
-        outputs = Outputs(_of_kind(table, kind, "out"))
+        wrote_any = self.quarantine.write(of_kind(table, kind, "quarantine"), batch_id)
+        outputs = Outputs(of_kind(table, kind, "out"))
         for sink in self.sinks:
             wrote_any |= sink.write(outputs, batch_id)
         received = table.column("receive_time").drop_null()
@@ -225,30 +227,6 @@ class Staged:
 EMPTY_QUARANTINE = pa.schema([(c, ENVELOPE.field(c).type) for c in QUARANTINE_COLUMNS]).empty_table()
 
 
-def _of_kind(table: pa.Table, kind: pa.ChunkedArray, value: str) -> pa.Table:
-    return table.filter(pc.fill_null(pc.equal(kind, value), False))
-
-
-class Outputs:
-    """A micro-batch's "out" envelopes in order; the messages are unpickled on first use."""
-
-    def __init__(self, table: pa.Table):
-        self.table = table
-
-    @cached_property
-    def messages(self) -> list:
-        return [pickle.loads(b) for b in self.table.column("msg").to_pylist()]
-
-    @cached_property
-    def metadata(self) -> dict[str, list]:
-        return {c: self.table.column(c).to_pylist() for c in METADATA_COLUMNS}
-
-    def for_sink(self, sink: DeltaSink | TCPSink) -> tuple[list, dict[str, list]]:
-        """The outputs `sink` accepts, and the envelope columns of each."""
-        sel = [i for i, out in enumerate(self.messages) if sink.wants(out)]
-        return [self.messages[i] for i in sel], {c: [v[i] for i in sel] for c, v in self.metadata.items()}
-
-
 # -- writers -----------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class WriteContext:
@@ -305,14 +283,9 @@ class DeltaSinkWriter(SinkWriter):
         if sink.mode == "append":
             if sink.table not in staged.staging.append_roots:
                 return False  # committed before (a replayed batch): the executors wrote nothing for it
-            if staged.staging.batch_id is None and self.committed(batch_id):
-                # Staged before the batch was known (a direct plan), and a replay: its files go.
-                for add, _ in staged.files.get(sink.table, []):
-                    (self.root / add["path"]).unlink(missing_ok=True)
-                return False
             files = staged.files.get(sink.table, [])
             wrote = lake.commit_files_once(self.root, files, self.app_id, batch_id, sink.schema, sink.partition_by)
-            if not wrote:
+            if not wrote:  # a replay (a direct plan stages before it knows): its files go
                 for add, _ in files:
                     (self.root / add["path"]).unlink(missing_ok=True)
             elif sink.table in staged.retried:
@@ -333,28 +306,18 @@ class DeltaSinkWriter(SinkWriter):
         return wrote
 
     def write(self, outputs: Outputs, batch_id: int) -> bool:
-        sink, plan = self.sink, self.ctx.plan
+        sink = self.sink
         data = outputs_to_table(sink, *outputs.for_sink(sink))
         if data.num_columns == 0:
             return False  # nothing to infer a schema from yet; the batch has no rows for this sink
-        path = self.ctx.settings.table_path(sink.table)
         if sink.mode == "append":
-            wrote = lake.append_once(path, data, plan.app_id(sink.table), batch_id, sink.partition_by)
+            wrote = lake.append_once(self.root, data, self.app_id, batch_id, sink.partition_by)
         else:
-            wrote = lake.merge_once(path, data, list(sink.keys), plan.app_id(sink.table), batch_id,
+            wrote = lake.merge_once(self.root, data, list(sink.keys), self.app_id, batch_id,
                                     order_by=[c for c in ("seq", "part") if c in data.column_names])
         if wrote:
             self.ctx.count(sink.table, data.num_rows)
         return wrote
-
-
-def direct_rows(plan: QueryPlan, sink: DeltaSink, outs: pa.Table) -> pa.Table:
-    """A direct plan's sink rows: the decoded columns and the envelope's, in the sink's schema."""
-    decoded = set(plan.decoded_schema.names)
-    return pa.table(
-        {f.name: outs.column(DECODED_PREFIX + f.name if f.name in decoded else f.name).cast(f.type) for f in sink.schema},
-        schema=sink.schema,
-    )
 
 
 class DirectDeltaWriter(DeltaSinkWriter):
@@ -363,12 +326,10 @@ class DirectDeltaWriter(DeltaSinkWriter):
     sink: DeltaSink
 
     def write(self, outputs: Outputs, batch_id: int) -> bool:
-        sink, plan = self.sink, self.ctx.plan
-        data = direct_rows(plan, sink, outputs.table)
-        wrote = lake.append_once(self.ctx.settings.table_path(sink.table), data, plan.app_id(sink.table), batch_id,
-                                 sink.partition_by)
+        data = direct_rows(self.ctx.plan, self.sink, outputs.table)
+        wrote = lake.append_once(self.root, data, self.app_id, batch_id, self.sink.partition_by)
         if wrote:
-            self.ctx.count(sink.table, data.num_rows)
+            self.ctx.count(self.sink.table, data.num_rows)
         return wrote
 
 
@@ -499,25 +460,6 @@ def make_sink_writers(ctx: WriteContext) -> list[SinkWriter]:
             raise TypeError(f"query {plan.name!r}: no writer for sink {sink!r} (known: {[t.__name__ for t in WRITERS]})")
         writers.append(writer(sink, ctx))
     return writers
-
-
-def outputs_to_table(sink: DeltaSink, outs: list, meta: dict[str, list]) -> pa.Table:
-    """A Delta sink's outputs as rows of its schema (or inferred), with the metadata columns it asks for."""
-    records = [dict(to_record(o)) for o in outs]
-    for col in sink.metadata:
-        for r, v in zip(records, meta[col]):
-            r[col] = v
-    if sink.schema is not None:
-        names = sink.schema.names
-        try:
-            return pa.Table.from_pylist([{n: r.get(n) for n in names} for r in records], schema=sink.schema)
-        except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
-            raise UserFunctionError(
-                f"outputs for Delta sink {sink.table!r} do not fit its schema ({e}); first output: {outs[0]!r}"
-            ) from None
-    if not records:
-        return pa.table({})
-    return pa.Table.from_pylist(records)
 
 
 # -- TCP sinks: addresses and connections ---------------------------------------------------------------

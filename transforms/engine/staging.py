@@ -16,10 +16,12 @@ import datetime as dt
 import json
 import math
 import os
+import pickle
 import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from urllib.parse import quote
 
@@ -27,7 +29,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from transforms.api import TCPSink
+from transforms import lake
+from transforms.api import DeltaSink, TCPSink, UserFunctionError, to_record
+from transforms.engine.envelope import DECODED_PREFIX
 from transforms.engine.plan import QueryMode, QueryPlan
 
 # What each task returns: one row per staged file or per table of rows for the driver.
@@ -92,8 +96,6 @@ class FusedStage:
 
 def stage_table(staging: StagingPlan, table: pa.Table, stage: int = 0, task: int = 0, attempt: int = 0) -> list[dict]:
     """One task's share of the batch, staged: files written, and the rows the driver needs."""
-    from transforms.engine.sinks import Outputs, _of_kind, direct_rows, outputs_to_table
-
     plan = staging.plan
     if table.num_rows:
         table = table.sort_by([("seq", "ascending"), ("part", "ascending")])
@@ -103,7 +105,7 @@ def stage_table(staging: StagingPlan, table: pa.Table, stage: int = 0, task: int
     def ship(sink: str, rows: pa.Table) -> None:
         out.append({"what": ROWS, "sink": sink, "attempt": attempt, "data": to_ipc(rows), "schema": None})
 
-    quarantined = _of_kind(table, kind, "quarantine")
+    quarantined = of_kind(table, kind, "quarantine")
     if quarantined.num_rows:
         ship(QUARANTINE_ROWS, quarantined.select(list(QUARANTINE_COLUMNS)))
     if table.num_rows:  # shipped by every task with rows (the driver tells an empty batch by it)
@@ -111,7 +113,7 @@ def stage_table(staging: StagingPlan, table: pa.Table, stage: int = 0, task: int
         if len(times) and not staging.all_receive_times:
             times = pa.chunked_array([[pc.min(times).as_py()]], times.type)
         ship(RECEIVE_TIMES, pa.table({"receive_time": times}))
-    outs = _of_kind(table, kind, "out")
+    outs = of_kind(table, kind, "out")
     if not outs.num_rows:
         return out
     outputs = Outputs(outs)
@@ -133,10 +135,64 @@ def stage_table(staging: StagingPlan, table: pa.Table, stage: int = 0, task: int
             chosen, meta = outputs.for_sink(sink)
             data = outputs_to_table(sink, chosen, meta)
             if data.num_rows:
-                from transforms.lake import last_per_key
-
-                ship(sink.table, last_per_key(_ordered(data, meta), list(sink.keys), []))
+                ship(sink.table, lake.last_per_key(_ordered(data, meta), list(sink.keys), []))
     return out
+
+
+# -- a batch's outputs as sink rows (both write paths) ------------------------------------------------
+METADATA_COLUMNS = ("seq", "part", "stream", "receive_time", "connection")
+
+
+def of_kind(table: pa.Table, kind: pa.ChunkedArray, value: str) -> pa.Table:
+    return table.filter(pc.fill_null(pc.equal(kind, value), False))
+
+
+class Outputs:
+    """A micro-batch's "out" envelopes in order; the messages are unpickled on first use."""
+
+    def __init__(self, table: pa.Table):
+        self.table = table
+
+    @cached_property
+    def messages(self) -> list:
+        return [pickle.loads(b) for b in self.table.column("msg").to_pylist()]
+
+    @cached_property
+    def metadata(self) -> dict[str, list]:
+        return {c: self.table.column(c).to_pylist() for c in METADATA_COLUMNS}
+
+    def for_sink(self, sink: DeltaSink | TCPSink) -> tuple[list, dict[str, list]]:
+        """The outputs `sink` accepts, and the envelope columns of each."""
+        sel = [i for i, out in enumerate(self.messages) if sink.wants(out)]
+        return [self.messages[i] for i in sel], {c: [v[i] for i in sel] for c, v in self.metadata.items()}
+
+
+def direct_rows(plan: QueryPlan, sink: DeltaSink, outs: pa.Table) -> pa.Table:
+    """A direct plan's sink rows: the decoded columns and the envelope's, in the sink's schema."""
+    decoded = set(plan.decoded_schema.names)
+    return pa.table(
+        {f.name: outs.column(DECODED_PREFIX + f.name if f.name in decoded else f.name).cast(f.type) for f in sink.schema},
+        schema=sink.schema,
+    )
+
+
+def outputs_to_table(sink: DeltaSink, outs: list, meta: dict[str, list]) -> pa.Table:
+    """A Delta sink's outputs as rows of its schema (or inferred), with the metadata columns it asks for."""
+    records = [dict(to_record(o)) for o in outs]
+    for col in sink.metadata:
+        for r, v in zip(records, meta[col]):
+            r[col] = v
+    if sink.schema is not None:
+        names = sink.schema.names
+        try:
+            return pa.Table.from_pylist([{n: r.get(n) for n in names} for r in records], schema=sink.schema)
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+            raise UserFunctionError(
+                f"outputs for Delta sink {sink.table!r} do not fit its schema ({e}); first output: {outs[0]!r}"
+            ) from None
+    if not records:
+        return pa.table({})
+    return pa.Table.from_pylist(records)
 
 
 def encode_all(sink: TCPSink, outs: list) -> list[bytes]:
@@ -290,9 +346,7 @@ class StagingJournal:
 
 def discard_uncommitted(root: Path, token: str) -> int:
     """Delete the files of attempt `token` under table folder `root` that the table does not refer to."""
-    from transforms import lake
-
-    mine = [p for p in root.rglob(f"{FILE_PREFIX}{token}-*.parquet")] if root.is_dir() else []
+    mine = list(root.rglob(f"{FILE_PREFIX}{token}-*.parquet")) if root.is_dir() else []
     if not mine:
         return 0
     referenced = lake.file_paths(root) if lake.exists(root) else set()
