@@ -76,7 +76,8 @@ def application_assets(app: Application, deps: list, group: str) -> dg.AssetsDef
     @dg.multi_asset(name=dagster_name(app.name), specs=specs, can_subset=False)
     def _run_app(context: dg.AssetExecutionContext, eventide: EventideSettings, spark: SparkResource):
         settings = eventide.get()
-        reports = run_application(spark.session(settings), app, settings, progress=context.log.info)
+        # The session is started only by a query with something to do: a run with nothing new needs no JVM.
+        reports = run_application(lambda: spark.session(settings), app, settings, progress=context.log.info)
         for spec in specs:
             meta = table_metadata(settings, spec.key.path[-1], reports) if tables else run_metadata(reports)
             yield dg.MaterializeResult(asset_key=spec.key, metadata=meta)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from pathlib import Path
@@ -357,5 +358,20 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def entry() -> None:
+    """The `eventide` command: `main`, then exit without tearing the interpreter down. Everything is
+    written by then (Delta commits, checkpoints, the Dagster instance are synchronous; a Spark JVM
+    exits when its gateway's pipe closes), and the teardown of Dagster's, GX's and Spark's modules
+    took 1.2 s of every command (measured on `eventide run` with nothing new: 6.7 s -> 5.5 s)."""
+    rc = main()
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe (`eventide show | head`): nothing left to say
+            pass
+    os._exit(rc)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -4,11 +4,12 @@ under `EVENTIDE_HOME/dagster` (so `make ui` shows the runs).
 First the pipelines job (bronze, every registered app with the checks on its sinks, quarantine).
 Then what the apps' extras say is due: every sensor and schedule of the definitions (except those
 that start the pipelines job, which just ran) is evaluated once, here, and the runs it requests are
-executed in this process. Sensors are asked without their cursor, so they request everything they
-would ever have requested (the log app's sensor: every day with a closed window; its schedule:
-every day over by the clock whose summary is missing or behind); the runs must be idempotent, as
-partition runs are. Only standard and asset sensors, and schedules, whose default status is
-RUNNING are asked.
+executed in this process. Sensors are asked with the cursor they left at the end of the last run
+whose requested runs all succeeded (kept in `EVENTIDE_HOME/dagster/sensor-cursors.json`, shared with
+`eventide serve`), so a run with nothing new requests nothing; without that file they are asked
+without a cursor and request everything they would ever have requested (the log app's sensor: every
+day with a closed window); the runs must be idempotent, as partition runs are. Only standard and
+asset sensors, and schedules, whose default status is RUNNING are asked.
 
 A failure stops only what depends on it: a failed blocking check (or a failed step) holds back the
 assets downstream of it, in the run (Dagster's blocking checks) and in the requested runs (`run_all`
@@ -19,6 +20,7 @@ summary reports each failure for the caller to print and exit non-zero at the en
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -50,6 +52,28 @@ INSTANCE_CONFIG = {
     # must never work over one checkpoint (the query locks would make the second skip it).
     "concurrency": {"runs": {"max_concurrent_runs": 1}},
 }
+
+
+def cursors_file(settings: Settings):
+    return settings.dagster_home / "sensor-cursors.json"
+
+
+def load_cursors(settings: Settings) -> dict[str, str | None]:
+    """The sensors' cursors the last complete round of requested runs left ({} if none or unreadable:
+    the sensors then request everything again, which idempotent runs allow)."""
+    try:
+        cursors = json.loads(cursors_file(settings).read_text())
+    except (OSError, ValueError):
+        return {}
+    return cursors if isinstance(cursors, dict) else {}
+
+
+def save_cursors(settings: Settings, cursors: dict[str, str | None]) -> None:
+    path = cursors_file(settings)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(cursors, sort_keys=True))
+    os.replace(tmp, path)
 
 
 def write_instance_config(dagster_home) -> None:
@@ -242,7 +266,8 @@ def run_all(settings: Settings, progress: Callable[[str], None] = print, summari
     if not summaries:
         return summary
     progress("asking the apps' sensors and schedules what is due ...")
-    due = due_runs(defs, instance, skip_jobs=(PIPELINES_JOB,))
+    cursors = load_cursors(settings)
+    due = due_runs(defs, instance, skip_jobs=(PIPELINES_JOB,), cursors=cursors)
     runnable = []
     for run in due:
         blocked_by = sorted(k.to_user_string() for k in _needs(defs, run) & unusable)
@@ -256,6 +281,11 @@ def run_all(settings: Settings, progress: Callable[[str], None] = print, summari
         progress(f"  {job}: {len(keys)} run(s)" + (f": {', '.join(k for k in keys if k)}" if any(keys) else ""))
     for held in summary.held_back:
         progress(f"  held back: {held}")
+    if not due:
+        progress("  nothing due")
     for run in runnable:
         _collect(execute_due(defs, instance, run), summary, run.partition_key)
+    # The cursors move on only when every requested run ran and passed; else the next run asks again.
+    if summary.passed and not summary.held_back:
+        save_cursors(settings, cursors)
     return summary

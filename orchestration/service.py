@@ -122,18 +122,18 @@ class FollowUps:
 
     def __init__(self, settings: Settings, say: Callable[[str], None]):
         from orchestration.definitions import build_definitions
-        from orchestration.runner import dagster_instance
+        from orchestration.runner import dagster_instance, load_cursors
 
         self.settings, self.say = settings, say
         self.defs = build_definitions(settings.registry)
         self.instance = dagster_instance(settings)
-        self.cursors: dict[str, str | None] = {}
+        self.cursors: dict[str, str | None] = load_cursors(settings)  # shared with `eventide run`
         self.runs = 0
 
     def run_due(self, now: dt.datetime | None = None, stopping: Callable[[], bool] = lambda: False) -> int:
         """Run what is due, one run at a time; stop between runs once `stopping()` (the rest stays due:
         the sensor's cursor is only kept when every run it asked for ran)."""
-        from orchestration.runner import RunSummary, _collect, due_runs, execute_due
+        from orchestration.runner import RunSummary, _collect, due_runs, execute_due, save_cursors
         from orchestration.sensors import PIPELINES_JOB
 
         before = dict(self.cursors)
@@ -148,6 +148,8 @@ class FollowUps:
             failed = [f"{f.asset} {f.check}" for f in summary.check_failures] + summary.failures
             self.say(f"{what} (asked by {run.requested_by}): " + (f"FAILED {'; '.join(failed)}" if failed else "done"))
             self.runs += 1
+        if self.cursors != before:
+            save_cursors(self.settings, self.cursors)
         return len(due)
 
 

@@ -18,15 +18,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from transforms.api import Application
-from transforms.engine.checkpoints import batch_ids, has_commits
+from transforms.engine.checkpoints import batch_ids, has_commits, processed_segments
 from transforms.engine.envelope import ENVELOPE, TICK_STREAM
 from transforms.engine.keyed_state import KeyedStateProcessor
 from transforms.engine.locks import QueryLock, describe, holder_of
 from transforms.engine.plan import QueryPlan, plan_queries
 from transforms.engine.sinks import BatchWriter, resolve_tcp_sinks
 from transforms.engine.stages import make_pre_stage
-from transforms.engine.staging import STAGED, FusedStage, StagingPlan
-from transforms.landing import LANDING_DDL
+from transforms.engine.staging import STAGED, FusedStage, StagingJournal, StagingPlan
+from transforms.landing import LANDING_DDL, list_segments
 from transforms.settings import Settings
 from transforms.spark import explain_task_error
 
@@ -86,12 +86,28 @@ def landing_path(plan: QueryPlan, settings: Settings) -> str:
     return f"{settings.home.absolute()}/{{{folders}}}/{plan.group}"
 
 
+def nothing_new(plan: QueryPlan, settings: Settings) -> bool:
+    """Whether a run of the plan would do nothing, decided from files alone (no Spark): its last
+    planned batch committed (or none planned), no staged attempt left to clean up, every landing
+    segment it would read processed (none landed yet counts), and no timers (due timers live in Spark's state store, so a query with timers runs)."""
+    if plan.timers:
+        return False
+    checkpoint = plan.checkpoint(settings)
+    last, processed = processed_segments(checkpoint)
+    if last_planned_batch(checkpoint) != (-1 if last is None else last) or StagingJournal(checkpoint).pending():
+        return False
+    # A query that committed nothing yet starts from the archive too (see landing_path).
+    return all(seg.name in processed for seg in list_segments(settings, plan.group, archived=last is None))
+
+
 def run_query(spark, plan: QueryPlan, settings: Settings, tcp_addresses: dict[str, str] | None = None,
               progress: Callable[[str], None] | None = None) -> RunReport:
     """Process everything landed so far (trigger availableNow), exactly once; returns what it did.
 
-    ConfigError before any Spark work if a TCP sink has no address and is not optional. A query whose
-    lock another process holds (a running `eventide serve`, another run) is skipped and reported."""
+    `spark` is a session, or a function that returns one: called only if the query has something to do
+    (see nothing_new), so a run with nothing new starts no JVM. ConfigError before any Spark work if a
+    TCP sink has no address and is not optional. A query whose lock another process holds (a running
+    `eventide serve`, another run) is skipped and reported."""
     addresses = resolve_tcp_sinks(plan.app, plan.sinks, tcp_addresses)
     report = RunReport(plan.name)
     lock = QueryLock(settings, plan.name)
@@ -101,7 +117,11 @@ def run_query(spark, plan: QueryPlan, settings: Settings, tcp_addresses: dict[st
             progress(f"{plan.name}: skipped, {report.held_by} is running it (and processes what landed)")
         return report
     try:
-        return _run_locked(spark, plan, settings, addresses, report, progress)
+        if nothing_new(plan, settings):
+            if progress:
+                progress(f"{plan.name}: nothing new since its last committed batch")
+            return report
+        return _run_locked(spark() if callable(spark) else spark, plan, settings, addresses, report, progress)
     finally:
         lock.release()
 

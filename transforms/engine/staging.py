@@ -333,6 +333,10 @@ class StagingJournal:
     def close(self, entry: Path) -> None:
         entry.unlink(missing_ok=True)
 
+    def pending(self) -> bool:
+        """Whether a crash left an attempt to clean up (recover does it when the writer starts)."""
+        return self.folder.is_dir() and any(self.folder.glob("*.json"))
+
     def recover(self) -> int:
         """Delete the files of attempts that a crash left uncommitted; returns how many."""
         removed = 0
