@@ -121,9 +121,14 @@ def format_check_failure(f) -> list[str]:
 
 
 def cmd_run(args, settings) -> int:
+    from transforms.engine.runner import home_has_work
+    from transforms.spark import start_in_background
+
+    # The JVM starts (3-5 s) while Dagster is imported and the definitions are built; none if nothing is new.
+    starting = start_in_background(settings) if home_has_work(settings) else None
     from orchestration.runner import run_all
 
-    summary = run_all(settings, summaries=not args.pipelines_only)
+    summary = run_all(settings, summaries=not args.pipelines_only, spark_starting=starting)
     # Everything ran that could; now every failure, then the exit status.
     for f in summary.check_failures:
         print("\n".join(format_check_failure(f)))

@@ -22,6 +22,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -238,7 +239,8 @@ def _needs(defs: dg.Definitions, run: DueRun) -> set[dg.AssetKey]:
     return keys.union(*(graph.get_ancestor_asset_keys(k) for k in keys))
 
 
-def run_all(settings: Settings, progress: Callable[[str], None] = print, summaries: bool = True) -> RunSummary:
+def run_all(settings: Settings, progress: Callable[[str], None] = print, summaries: bool = True,
+            spark_starting: threading.Thread | None = None) -> RunSummary:
     """The pipelines job, then (with `summaries`) every run the apps' sensors and schedules ask for.
 
     One failure stops only what depends on it. In the pipelines run, Dagster skips the steps downstream
@@ -246,6 +248,9 @@ def run_all(settings: Settings, progress: Callable[[str], None] = print, summari
     executes unless something it needs, upstream, was left unusable by the pipelines run (its check
     failed or it was not materialized): that run is held back and reported. Everything is reported in
     the summary; the caller decides the exit status (`eventide run`: non-zero at the end).
+
+    `spark_starting`: a thread starting the Spark session (transforms.spark.start_in_background), joined
+    before anything runs or prints.
     """
     from orchestration.definitions import build_definitions
     from orchestration.sensors import PIPELINES_JOB
@@ -253,6 +258,8 @@ def run_all(settings: Settings, progress: Callable[[str], None] = print, summari
     defs = build_definitions(settings.registry)  # the settings' apps (the module-level defs: the environment's)
     instance = dagster_instance(settings)
     summary = RunSummary()
+    if spark_starting is not None:
+        spark_starting.join()  # it swaps stdout and stderr while the JVM starts: nothing may print before
     progress("running the pipelines (bronze, apps, quarantine) through Dagster ...")
     result = defs.resolve_job_def(PIPELINES_JOB).execute_in_process(instance=instance, raise_on_error=False, run_config=QUIET)
     unusable = _collect(result, summary)

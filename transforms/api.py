@@ -263,12 +263,20 @@ class Emit:
 
 
 # -- records ----------------------------------------------------------------------------------------
+_DATACLASS_FIELDS: dict[type, tuple[str, ...]] = {}  # a dataclass' field names: dataclasses.fields() is slow
+
+
 def to_record(obj: Any) -> dict:
-    """A message or output as a flat dict: dicts, dataclasses and namedtuples as their fields."""
+    """A message or output as a flat dict: dicts, dataclasses and namedtuples as their fields (a dict
+    is returned as it is: copy it before changing it)."""
+    names = _DATACLASS_FIELDS.get(type(obj))
+    if names is not None:
+        return {n: getattr(obj, n) for n in names}
     if isinstance(obj, dict):
         return obj
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+        names = _DATACLASS_FIELDS[type(obj)] = tuple(f.name for f in dataclasses.fields(obj))
+        return {n: getattr(obj, n) for n in names}
     if hasattr(obj, "_asdict"):
         return obj._asdict()
     return {"value": obj}

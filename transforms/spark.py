@@ -67,6 +67,15 @@ def get_spark(settings: Settings):
         return _session
 
 
+def start_in_background(settings: Settings) -> threading.Thread:
+    """Start the session on a thread, so the JVM starts (3-5 s) while the caller does other work; the
+    first `get_spark` then waits for it. While the JVM starts, this process's stdout and stderr go to
+    the Spark log (see _start_with_log): callers start it before work that prints nothing."""
+    thread = threading.Thread(target=get_spark, args=(settings,), name="eventide-spark-start", daemon=True)
+    thread.start()
+    return thread
+
+
 # -- user code on the executors ------------------------------------------------------------------------
 def user_code_roots(settings: Settings) -> list[Path]:
     """What the registered apps' modules need on a cluster's executors: each app module's top-level

@@ -21,7 +21,7 @@ quarantine envelopes and flow to the quarantine table; with `fail_fast` they sto
 from transforms.engine.envelope import ENVELOPE, dumps
 from transforms.engine.keyed_state import Context, KeyedStateProcessor
 from transforms.engine.plan import QueryMode, QueryPlan, TimeMode, plan_queries
-from transforms.engine.runner import RunReport, build_stream, run_application, run_query
+from transforms.engine.runner import RunReport, build_stream, nothing_new, run_application, run_query
 from transforms.engine.sinks import QUARANTINE_SCHEMA, QUARANTINE_TABLE, BatchWriter, resolve_tcp_sinks
 from transforms.engine.stages import make_pre_stage
 
@@ -39,6 +39,7 @@ __all__ = [
     "build_stream",
     "dumps",
     "make_pre_stage",
+    "nothing_new",
     "plan_queries",
     "resolve_tcp_sinks",
     "run_application",

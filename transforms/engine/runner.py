@@ -100,6 +100,17 @@ def nothing_new(plan: QueryPlan, settings: Settings) -> bool:
     return all(seg.name in processed for seg in list_segments(settings, plan.group, archived=last is None))
 
 
+def home_has_work(settings: Settings) -> bool:
+    """Whether some query of the home (a stream's bronze or a registered app) has something to do."""
+    from transforms.streams import service_applications
+
+    bronze, apps = service_applications(settings)
+    try:
+        return any(not nothing_new(p, settings) for app in (*bronze, *apps) for p in plan_queries(app, settings))
+    except Exception:  # an app that cannot be planned: its own run reports that
+        return True
+
+
 def run_query(spark, plan: QueryPlan, settings: Settings, tcp_addresses: dict[str, str] | None = None,
               progress: Callable[[str], None] | None = None) -> RunReport:
     """Process everything landed so far (trigger availableNow), exactly once; returns what it did.

@@ -19,7 +19,7 @@ import os
 import pickle
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -158,13 +158,41 @@ class Outputs:
         return [pickle.loads(b) for b in self.table.column("msg").to_pylist()]
 
     @cached_property
-    def metadata(self) -> dict[str, list]:
-        return {c: self.table.column(c).to_pylist() for c in METADATA_COLUMNS}
+    def metadata(self) -> EnvelopeColumns:
+        return EnvelopeColumns(self.table)
 
-    def for_sink(self, sink: DeltaSink | TCPSink) -> tuple[list, dict[str, list]]:
+    def for_sink(self, sink: DeltaSink | TCPSink) -> tuple[list, EnvelopeColumns]:
         """The outputs `sink` accepts, and the envelope columns of each."""
         sel = [i for i, out in enumerate(self.messages) if sink.wants(out)]
-        return [self.messages[i] for i in sel], {c: [v[i] for i in sel] for c, v in self.metadata.items()}
+        if len(sel) == len(self.messages):  # the common case: the sink takes every output
+            return self.messages, self.metadata
+        return [self.messages[i] for i in sel], EnvelopeColumns(self.table, pa.array(sel, pa.int64()))
+
+
+class EnvelopeColumns(Mapping):
+    """The envelope's metadata columns (METADATA_COLUMNS) of some outputs: `[name]` as a Python list,
+    made on first use, or `arrow(name)` as an Arrow array (no Python objects: receive_time's
+    datetimes cost more than the rest of a batch's rows)."""
+
+    def __init__(self, table: pa.Table, rows: pa.Array | None = None):
+        self.table, self.rows, self._lists = table, rows, {}
+
+    def arrow(self, name: str) -> pa.ChunkedArray:
+        column = self.table.column(name)
+        return column if self.rows is None else column.take(self.rows)
+
+    def __getitem__(self, name: str) -> list:
+        if name not in METADATA_COLUMNS:
+            raise KeyError(name)
+        if name not in self._lists:
+            self._lists[name] = self.arrow(name).to_pylist()
+        return self._lists[name]
+
+    def __iter__(self):
+        return iter(METADATA_COLUMNS)
+
+    def __len__(self) -> int:
+        return len(METADATA_COLUMNS)
 
 
 def direct_rows(plan: QueryPlan, sink: DeltaSink, outs: pa.Table) -> pa.Table:
@@ -176,20 +204,22 @@ def direct_rows(plan: QueryPlan, sink: DeltaSink, outs: pa.Table) -> pa.Table:
     )
 
 
-def outputs_to_table(sink: DeltaSink, outs: list, meta: dict[str, list]) -> pa.Table:
+def outputs_to_table(sink: DeltaSink, outs: list, meta: EnvelopeColumns) -> pa.Table:
     """A Delta sink's outputs as rows of its schema (or inferred), with the metadata columns it asks for."""
-    records = [dict(to_record(o)) for o in outs]
-    for col in sink.metadata:
-        for r, v in zip(records, meta[col]):
-            r[col] = v
+    records = [to_record(o) for o in outs]  # not changed below: a dict output is its own record
     if sink.schema is not None:
-        names = sink.schema.names
+        # Column by column: a metadata column the sink asks for comes from the envelope, over the output's.
+        columns = {n: meta.arrow(n) if n in sink.metadata else [r.get(n) for r in records] for n in sink.schema.names}
         try:
-            return pa.Table.from_pylist([{n: r.get(n) for n in names} for r in records], schema=sink.schema)
+            return pa.Table.from_pydict(columns, schema=sink.schema)
         except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
             raise UserFunctionError(
                 f"outputs for Delta sink {sink.table!r} do not fit its schema ({e}); first output: {outs[0]!r}"
             ) from None
+    records = [dict(r) for r in records]
+    for col in sink.metadata:
+        for r, v in zip(records, meta[col]):
+            r[col] = v
     if not records:
         return pa.table({})
     return pa.Table.from_pylist(records)
