@@ -2,6 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
+BENCH_STAMP := $(VENV)/.bench-stamp
 export JAVA_HOME ?= /usr/lib/jvm/java-17-openjdk-amd64
 export SPARK_LOCAL_IP ?= 127.0.0.1
 
@@ -15,6 +16,12 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
+# The benchmarks' extra (Bytewax, for bench/peers.py): installed by `make bench` only.
+$(BENCH_STAMP): pyproject.toml $(STAMP)
+	@echo "installing the bench extra (bytewax) into $(VENV)"
+	@$(PY) -m pip install -q --disable-pip-version-check -e '.[dev,bench]'
+	@touch $(BENCH_STAMP)
+
 demo: setup
 	$(VENV)/bin/eventide demo
 
@@ -25,7 +32,7 @@ test: setup
 lint: setup
 	$(VENV)/bin/ruff check .
 
-bench: setup
+bench: setup $(BENCH_STAMP)
 	$(PY) -m bench.run $(BENCH_ARGS)
 
 ui: setup

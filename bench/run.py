@@ -6,6 +6,7 @@ Results: bench/results/latest.json and bench/results/latest.md (a copy per run, 
     python -m bench.run                       # all, default sizes
     python -m bench.run --only gateway,words  # a subset
     python -m bench.run --quick               # small sizes, a smoke run
+    python -m bench.run --only peers          # Bytewax 0.21, a loop and Eventide (needs the bench extra)
 """
 
 from __future__ import annotations
@@ -69,13 +70,33 @@ def _benchmarks(quick: bool) -> dict:
         else:
             bench_scale(r)
 
+    def peers(r):
+        from bench.peers import FULL, QUICK, WORKLOADS, bench_peers
+
+        # Bytewax 0.21, a plain loop and `eventide run`, each a cold process, on logs, market and words.
+        # Full: about 35 minutes; words' Eventide steady state is left out (it would add ~8 minutes).
+        if quick:
+            bench_peers(r, sizes=QUICK, repeats=1, steady=WORKLOADS)
+        else:
+            bench_peers(r, sizes=FULL, repeats=3)
+
+    def fixed(r):
+        from bench.fixed import bench_fixed
+
+        # Fixed costs and small runs (imports, JVM, query start, nothing new, 10k messages, Dagster
+        # against the CLI, the demo), whole processes; full: about 10 minutes.
+        if quick:
+            bench_fixed(r, repeats=1, apps=("market",))
+        else:
+            bench_fixed(r, repeats=3)
+
     return {"gateway": gateway, "bronze": bronze, "words": words, "market": market, "logs": logs,
-            "latency": latency, "scale": scale}
+            "latency": latency, "scale": scale, "peers": peers, "fixed": fixed}
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--only", help="comma-separated: gateway,bronze,words,market,logs,latency,scale")
+    p.add_argument("--only", help="comma-separated: gateway,bronze,words,market,logs,latency,scale,peers,fixed")
     p.add_argument("--quick", action="store_true")
     args = p.parse_args(argv)
     benches = _benchmarks(args.quick)
