@@ -162,13 +162,37 @@ def make_columnar_stage(plan: QueryPlan, fail_fast: bool):
     return stage
 
 
-def _emit(out: dict, cols: dict, i: int, kind, seq, part, branch, key, msg, step, reason, payload) -> None:
-    """Append one envelope to `out`, carrying input row i's landing metadata."""
-    for name, value in (("kind", kind), ("seq", seq), ("part", part), ("branch", branch), ("key", key), ("msg", msg),
-                        ("step", step), ("reason", reason), ("payload", payload)):
-        out[name].append(value)
-    for name in ("stream", "receive_time", "connection"):
-        out[name].append(cols[name][i])
+class _Envelopes:
+    """A pre stage's output envelopes, column by column; `src` is the input row each came from, whose
+    landing metadata (stream, receive time, connection) it carries: taken from the batch's Arrow
+    columns at the end, not row by row."""
+
+    __slots__ = ("src", "kind", "seq", "part", "branch", "key", "msg", "step", "reason", "payload")
+    CARRIED = ("stream", "receive_time", "connection")
+
+    def __init__(self) -> None:
+        for name in self.__slots__:
+            setattr(self, name, [])
+
+    def add(self, i: int, kind, seq, part, branch, key, msg, step, reason, payload) -> None:
+        self.src.append(i)
+        self.kind.append(kind)
+        self.seq.append(seq)
+        self.part.append(part)
+        self.branch.append(branch)
+        self.key.append(key)
+        self.msg.append(msg)
+        self.step.append(step)
+        self.reason.append(reason)
+        self.payload.append(payload)
+
+    def batch(self, landing: pa.RecordBatch) -> pa.RecordBatch:
+        rows = pa.array(self.src, pa.int64())
+        arrays = [
+            landing.column(f.name).take(rows).cast(f.type) if f.name in self.CARRIED else pa.array(getattr(self, f.name), f.type)
+            for f in ENVELOPE
+        ]
+        return pa.RecordBatch.from_arrays(arrays, schema=ENVELOPE)
 
 
 def make_pre_stage(plan: QueryPlan, fail_fast: bool) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
@@ -191,15 +215,17 @@ def _make_envelope_stage(plan: QueryPlan, fail_fast: bool) -> Callable[[Iterator
     by_stream = {b.stream: (i, b) for i, b in enumerate(plan.branches)}
     quarantine_landing = plan.quarantine_landing_errors
     keyed = plan.keyed
+    kind = "msg" if keyed else "out"
 
     def pre_stage(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
-            cols = batch.to_pydict()
-            out: dict[str, list] = {f.name: [] for f in ENVELOPE}
+            # As Python values only what the steps read (receive_time's datetimes would cost the most).
+            cols = {c: batch.column(c).to_pylist() for c in ("stream", "seq", "connection", "payload", "landing_error")}
+            out = _Envelopes()
 
             def quarantine(i, step, reason, out=out, cols=cols):
-                _emit(out, cols, i, "quarantine", cols["seq"][i], 0, by_stream[cols["stream"][i]][0], QUARANTINE_KEY,
-                      None, step, reason, cols["payload"][i])
+                out.add(i, "quarantine", cols["seq"][i], 0, by_stream[cols["stream"][i]][0], QUARANTINE_KEY,
+                        None, step, reason, cols["payload"][i])
 
             # Decode every row, then run the steps over the whole micro-batch: (input row, message) pairs,
             # so a batch computation sees all of them at once and one-message steps see one at a time.
@@ -235,9 +261,8 @@ def _make_envelope_stage(plan: QueryPlan, fail_fast: bool) -> Callable[[Iterator
                         quarantine(i, q.step, q.reason)
                         continue
                     part = parts[i] = parts.get(i, -1) + 1
-                    _emit(out, cols, i, "msg" if keyed else "out", cols["seq"][i], part, branch_no, key, dumps(m),
-                          None, None, None)
-            yield pa.RecordBatch.from_pydict(out, schema=ENVELOPE)
+                    out.add(i, kind, cols["seq"][i], part, branch_no, key, dumps(m), None, None, None)
+            yield out.batch(batch)
 
     return pre_stage
 
