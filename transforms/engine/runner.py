@@ -89,7 +89,8 @@ def landing_path(plan: QueryPlan, settings: Settings) -> str:
 def nothing_new(plan: QueryPlan, settings: Settings) -> bool:
     """Whether a run of the plan would do nothing, decided from files alone (no Spark): its last
     planned batch committed (or none planned), no staged attempt left to clean up, every landing
-    segment it would read processed (none landed yet counts), and no timers (due timers live in Spark's state store, so a query with timers runs)."""
+    segment it would read processed (none landed yet counts), and no timers (due timers live in
+    Spark's state store, so a query with timers always runs)."""
     if plan.timers:
         return False
     checkpoint = plan.checkpoint(settings)
