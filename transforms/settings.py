@@ -47,6 +47,8 @@ class Settings:
     spark_shuffle_partitions: int = 2
     spark_ui: bool = False
     spark_driver_memory: str = "4g"  # local[*]: the driver's JVM also runs the executors' tasks
+    # The driver JVM maps the classes an earlier start recorded (transforms/jvm_cache.py, ~/.cache/eventide).
+    jvm_class_cache: bool = True
     # Where a micro-batch's append rows are written: "executor" (each task writes Parquet files, the
     # driver commits them) or "driver" (the whole batch collected and written on the driver; the
     # reference form, kept for the equality tests and the benchmark).

@@ -48,7 +48,7 @@ def get_spark(settings: Settings):
             .config("spark.driver.memory", settings.spark_driver_memory)
             .config("spark.driver.maxResultSize", "0")  # the driver collects per batch only what is bounded
             .config("spark.sql.warehouse.dir", str((settings.home / "spark-warehouse").absolute()))
-            .config("spark.driver.extraJavaOptions", f"-Dderby.system.home={(settings.home / 'derby').absolute()}")
+            .config("spark.driver.extraJavaOptions", " ".join(_driver_java_options(settings)))
             .config("spark.sql.shuffle.partitions", str(settings.spark_shuffle_partitions))
             .config("spark.sql.streaming.stateStore.providerClass", ROCKSDB)
             # Commit the state's changes, not a snapshot, each micro-batch (measured: 210 -> 127 ms a batch).
@@ -65,6 +65,15 @@ def get_spark(settings: Settings):
         if not local:
             ship_user_code(_session, settings)
         return _session
+
+
+def _driver_java_options(settings: Settings) -> list[str]:
+    options = [f"-Dderby.system.home={(settings.home / 'derby').absolute()}"]
+    if settings.jvm_class_cache:
+        from transforms.jvm_cache import java_options
+
+        options += java_options(os.environ.get("JAVA_HOME"))
+    return options
 
 
 def start_in_background(settings: Settings) -> threading.Thread:

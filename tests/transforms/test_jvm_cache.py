@@ -1,0 +1,88 @@
+"""The driver JVM's class-data cache: one process records, the others wait for it, the archive is then
+used; a recording cut short is never put in place. With the real `java`."""
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from transforms import jvm_cache
+
+JAVA_HOME = os.environ.get("JAVA_HOME", "/usr/lib/jvm/java-17-openjdk-amd64")
+JAVA = Path(JAVA_HOME) / "bin" / "java"
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    return tmp_path / "eventide"
+
+
+def _path(option: str) -> Path:
+    return Path(option.split("=", 1)[1])
+
+
+def test_one_start_records_the_others_wait_then_all_use_the_archive(cache):
+    (record,) = jvm_cache.java_options(JAVA_HOME, now=1000.0)
+    assert record.startswith("-XX:ArchiveClassesAtExit=")
+    assert jvm_cache.java_options(JAVA_HOME, now=1001.0) == []  # claimed: not a second recording
+
+    recording = _path(record)
+    subprocess.run([str(JAVA), record, "-version"], check=True, capture_output=True)  # written at exit
+    os.utime(recording, (1100.0, 1100.0))
+    assert jvm_cache.java_options(JAVA_HOME, now=1110.0) == []  # maybe still being written
+    (use,) = jvm_cache.java_options(JAVA_HOME, now=1100.0 + jvm_cache.FINISHED_AFTER_SECONDS)
+    assert use.startswith("-XX:SharedArchiveFile=") and _path(use).stat().st_size > 0
+    assert not recording.exists() and not any(cache.glob("*.claim"))
+    assert jvm_cache.java_options(JAVA_HOME, now=5000.0) == [use]
+    # -Xshare:on fails if the archive cannot be mapped: this proves a JVM uses it.
+    subprocess.run([str(JAVA), use, "-Xshare:on", "-version"], check=True, capture_output=True)
+
+
+def test_a_recording_cut_short_is_thrown_away_and_recorded_again(cache):
+    (record,) = jvm_cache.java_options(JAVA_HOME, now=1000.0)
+    subprocess.run([str(JAVA), record, "-version"], check=True, capture_output=True)
+    recording = _path(record)
+    data = recording.read_bytes()
+    recording.chmod(0o644)
+    # As its JVM leaves it if killed while writing: the header, written last, still zeros.
+    recording.write_bytes(bytes(4096) + data[4096: len(data) // 2])
+    os.utime(recording, (1000.0, 1000.0))
+    (again,) = jvm_cache.java_options(JAVA_HOME, now=2000.0)
+    assert again == record and not any(cache.glob("*.jsa"))
+
+
+def test_a_claim_whose_jvm_died_expires(cache):
+    jvm_cache.java_options(JAVA_HOME, now=1000.0)
+    claim = next(cache.glob("*.claim"))
+    os.utime(claim, (1000.0, 1000.0))
+    assert jvm_cache.java_options(JAVA_HOME, now=1000.0 + jvm_cache.CLAIM_EXPIRES_SECONDS + 1)[0].startswith(
+        "-XX:ArchiveClassesAtExit=")
+
+
+def test_another_java_or_pyspark_gets_another_archive(tmp_path):
+    jars = tmp_path / "jars"
+    jars.mkdir()
+    (jars / "a-1.jar").touch()
+    one = jvm_cache.archive_key(JAVA_HOME, jars)
+    (jars / "a-2.jar").touch()
+    assert jvm_cache.archive_key(JAVA_HOME, jars) != one
+    assert jvm_cache.archive_key("/usr/lib/jvm/other", jars) != jvm_cache.archive_key(JAVA_HOME, jars)
+    other = tmp_path / "other-venv" / "jars"
+    other.mkdir(parents=True)
+    for jar in jars.iterdir():
+        (other / jar.name).touch()
+    assert jvm_cache.archive_key(JAVA_HOME, other) != jvm_cache.archive_key(JAVA_HOME, jars)
+
+
+def test_a_jvm_given_a_recording_cut_short_starts_without_it(tmp_path):
+    """Why only the header matters: a dump cut short has none, and the JVM then ignores the file."""
+    archive = tmp_path / "cut.jsa"
+    subprocess.run([str(JAVA), f"-XX:ArchiveClassesAtExit={archive}", "-version"], check=True, capture_output=True)
+    data = archive.read_bytes()
+    assert data[:4] == jvm_cache.DYNAMIC_ARCHIVE_MAGIC
+    archive.chmod(0o644)
+    archive.write_bytes(bytes(4096) + data[4096: len(data) // 2])
+    done = subprocess.run([str(JAVA), f"-XX:SharedArchiveFile={archive}", "-version"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
