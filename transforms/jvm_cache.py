@@ -1,6 +1,6 @@
 """The driver JVM's class-data cache (Java's dynamic AppCDS archive).
 
-Starting Spark loads and verifies some 15,000 classes, and the first streaming query loads
+Starting Spark loads and verifies thousands of classes, and the first streaming query loads
 thousands more (state store, codegen, Arrow). A JVM started with `-XX:SharedArchiveFile` maps the
 classes a previous run recorded instead (measured: `eventide run` over 10k messages 17.3 -> 14.3 s).
 
