@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import os
 import shutil
 import statistics
 import subprocess
@@ -28,13 +27,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.processes import REPO, child_env, eventide_cmd, fresh_home, spread, timed_process
+from bench.processes import land as land_pairs
 from orchestration.runner import write_instance_config
 from transforms import lake
 from transforms.settings import Settings
 
-ROOT = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
-DATA = ROOT / "data" / "wallaroo"
+DATA = REPO / "data" / "wallaroo"
 SMALL_RUN = 10_000
 
 _t0 = time.perf_counter()
@@ -45,30 +45,23 @@ def progress(msg: str) -> None:
 
 
 def _env(home: Path) -> dict:
-    env = dict(os.environ, EVENTIDE_HOME=str(home), DAGSTER_HOME=str(home / "dagster"))
-    env.setdefault("JAVA_HOME", "/usr/lib/jvm/java-17-openjdk-amd64")
-    env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    return env
+    return child_env(EVENTIDE_HOME=str(home), DAGSTER_HOME=str(home / "dagster"))
 
 
 def timed(cmd: list[str], home: Path) -> float:
-    started = time.perf_counter()
-    done = subprocess.run(cmd, env=_env(home), cwd=ROOT, capture_output=True, text=True)
-    seconds = time.perf_counter() - started
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} exited {done.returncode}:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
-    return seconds
+    """`cmd` over `home`, spawn to exit; its output in `<home>.log` next to it."""
+    home.parent.mkdir(parents=True, exist_ok=True)
+    return timed_process(cmd, _env(home), home.parent / f"{home.name}.log")
 
 
-def _stats(values: list[float]) -> dict:
-    return {"median": round(statistics.median(values), 2), "min": round(min(values), 2), "max": round(max(values), 2)}
+def _seconds(times: list[float]) -> dict:
+    return spread(times, suffix="", digits=2)
 
 
 def land(home: Path, app: str, messages: int) -> None:
     """`messages` messages of one bundled app landed under `home` (as the gateway would)."""
     from examples.market_generate import mixed_messages, synthetic_symbols
     from transforms.framing import iter_file_messages
-    from transforms.landing import Lander
 
     if app == "market":
         stream = mixed_messages(messages, synthetic_symbols(300), seed=1, order_share=0.2, unknown_share=0.0)
@@ -78,9 +71,7 @@ def land(home: Path, app: str, messages: int) -> None:
     else:
         days = [m for d in range(1, 5) for m in iter_file_messages(DATA / "log_windowing" / f"day_{d}.log")]
         stream = [("logs", p) for p in itertools.islice(itertools.cycle(days), messages)]
-    with Lander(Settings(home=home)) as lander:
-        for name, payload in stream:
-            lander.append(name, payload, "bench")
+    land_pairs(home, stream)
 
 
 # The assets one app's run materializes: its streams' bronze tables and its own tables.
@@ -94,13 +85,6 @@ APP_ASSETS = {
 def table_counts(home: Path) -> dict[str, int]:
     lake_dir = Settings(home=home).lake
     return {p.name: lake.count(p) for p in sorted(lake_dir.iterdir()) if lake.exists(p)} if lake_dir.is_dir() else {}
-
-
-def _fresh_copy(landed: Path, to: Path) -> Path:
-    if to.exists():
-        shutil.rmtree(to)
-    shutil.copytree(landed / "landing", to / "landing")
-    return to
 
 
 _IN_PROCESS = """
@@ -128,25 +112,25 @@ def in_process_costs(tmp: Path) -> dict:
     home = tmp / "tiny"
     for app in ("market", "words", "logs"):
         land(home, app, 10)
-    done = subprocess.run([sys.executable, "-c", _IN_PROCESS], env=_env(home), cwd=ROOT, capture_output=True,
+    done = subprocess.run([sys.executable, "-c", _IN_PROCESS], env=_env(home), cwd=REPO, capture_output=True,
                           text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def bench_fixed(results: dict, repeats: int = 3, apps: tuple[str, ...] = ("market", "words", "logs"),
                 messages: int = SMALL_RUN) -> dict:
-    eventide = str(VENV_BIN / "eventide")
+    eventide = eventide_cmd()
     dagster = str(VENV_BIN / "dagster")
     tmp = Path(tempfile.mkdtemp(prefix="eventide-bench-fixed-"))
     try:
         progress("interpreter and imports")
         imports = [timed([sys.executable, "-c", "import orchestration.definitions"], tmp) for _ in range(repeats)]
-        results["imports_seconds"] = _stats(imports)
+        results["imports_seconds"] = _seconds(imports)
         progress("JVM start and query start per app (in one process)")
         inner = [in_process_costs(tmp / f"in-{i}") for i in range(repeats)]
-        results["jvm_start_seconds"] = _stats([r["jvm_start"] for r in inner])
+        results["jvm_start_seconds"] = _seconds([r["jvm_start"] for r in inner])
         for app in inner[0]["query_start"]:
-            results[f"query_start_{app}_seconds"] = _stats([r["query_start"][app] for r in inner])
+            results[f"query_start_{app}_seconds"] = _seconds([r["query_start"][app] for r in inner])
 
         for app in apps:
             landed = tmp / f"landed-{app}"
@@ -154,22 +138,22 @@ def bench_fixed(results: dict, repeats: int = 3, apps: tuple[str, ...] = ("marke
             progress(f"{app}: eventide run over {messages:,} messages")
             runs, counts = [], None
             for i in range(repeats):
-                home = _fresh_copy(landed, tmp / f"run-{app}-{i}")
-                runs.append(timed([eventide, "run"], home))
+                home = fresh_home(landed, tmp / f"run-{app}-{i}")
+                runs.append(timed([*eventide, "run"], home))
                 counts = table_counts(home)
-            results[f"run_{app}_{messages}_seconds"] = _stats(runs)
+            results[f"run_{app}_{messages}_seconds"] = _seconds(runs)
             if app == apps[0]:
                 progress("eventide run with nothing new")
-                results["run_nothing_new_seconds"] = _stats([timed([eventide, "run"], home) for _ in range(repeats)])
+                results["run_nothing_new_seconds"] = _seconds([timed([*eventide, "run"], home) for _ in range(repeats)])
 
             progress(f"{app}: dagster asset materialize next to eventide run --pipelines-only")
             wanted = set(APP_ASSETS[app].split(","))
             cli, dag = [], []
             for i in range(repeats):
-                home = _fresh_copy(landed, tmp / f"cli-{app}-{i}")
-                cli.append(timed([eventide, "run", "--pipelines-only"], home))
+                home = fresh_home(landed, tmp / f"cli-{app}-{i}")
+                cli.append(timed([*eventide, "run", "--pipelines-only"], home))
                 cli_counts = table_counts(home)
-                home = _fresh_copy(landed, tmp / f"dag-{app}-{i}")
+                home = fresh_home(landed, tmp / f"dag-{app}-{i}")
                 write_instance_config(home / "dagster")
                 dag.append(timed([dagster, "asset", "materialize", "-m", "orchestration.definitions",
                                   "--select", APP_ASSETS[app]], home))
@@ -177,13 +161,13 @@ def bench_fixed(results: dict, repeats: int = 3, apps: tuple[str, ...] = ("marke
                 mine = [{t: n for t, n in c.items() if t in wanted} for c in (counts, cli_counts, dag_counts)]
                 if not mine[0] == mine[1] == mine[2] or set(mine[0]) != wanted:
                     raise AssertionError(f"{app}: the runs disagree (run, --pipelines-only, dagster): {mine}")
-            results[f"cli_pipelines_{app}_seconds"] = _stats(cli)
-            results[f"dagster_materialize_{app}_seconds"] = _stats(dag)
+            results[f"cli_pipelines_{app}_seconds"] = _seconds(cli)
+            results[f"dagster_materialize_{app}_seconds"] = _seconds(dag)
             results[f"dagster_vs_cli_{app}_ratio"] = round(statistics.median(dag) / statistics.median(cli), 2)
 
         progress("eventide demo (warm venv)")
-        demo = [timed([eventide, "demo"], tmp / f"demo-{i}") for i in range(repeats)]
-        results["demo_seconds"] = _stats(demo)
+        demo = [timed([*eventide, "demo"], tmp / f"demo-{i}") for i in range(repeats)]
+        results["demo_seconds"] = _seconds(demo)
         results["goals"] = "run with nothing new <= 5 s; 10k messages of one app <= 10 s; demo <= 30 s; Dagster <= 2x CLI"
         return results
     finally:

@@ -60,7 +60,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -69,7 +68,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from bench.processes import REPO, child_env, eventide_cmd, fresh_home, land, spread, timed_process
+
 FLOWS_FILE = Path(__file__).resolve().with_name("peers_bytewax.py")
 WORDS_FILE = REPO / "data" / "wallaroo" / "word_count" / "count_this.txt"
 WORKLOADS = ("logs", "market", "words")
@@ -160,18 +160,6 @@ class Workload:
     info: dict = field(default_factory=dict)
 
 
-def _land(home: Path, stream_payloads: Iterable[tuple[str, bytes]]) -> int:
-    from transforms.landing import Lander
-    from transforms.settings import Settings
-
-    n = 0
-    with Lander(Settings(home=home)) as lander:
-        for stream, payload in stream_payloads:
-            lander.append(stream, payload, "bench")
-            n += 1
-    return n
-
-
 def _log_payloads(path: Path) -> Iterator[tuple[str, bytes]]:
     marker = MARKER.encode()
     with open(path, "rb") as f:
@@ -187,9 +175,9 @@ def prepare_logs(tmp: Path, lines: int, days: int) -> Workload:
     raw = generate_logs(w.input, lines, days, seed=SEED)
     w.expected = raw["expected"]
     w.info = {"lines": raw["lines"], "days": len(raw["days"]), "input_bytes": raw["bytes"], "markers": raw["markers"]}
-    _land(w.home, _log_payloads(w.input))
+    land(w.home, _log_payloads(w.input))
     generate_logs(w.warm_input, WARMUP_MESSAGES, 2, seed=SEED + 1)
-    _land(w.warm_home, _log_payloads(w.warm_input))
+    land(w.warm_home, _log_payloads(w.warm_input))
     return w
 
 
@@ -203,8 +191,8 @@ def prepare_market(tmp: Path, messages: int, symbols: int) -> Workload:
     _write_lines(w.input, lines)
     _write_lines(w.warm_input, (f"{i} {'m' if s == 'market_data' else 'o'} {p.hex()}"
                                 for i, (s, p) in enumerate(stream[:WARMUP_MESSAGES])))
-    _land(w.home, stream)
-    _land(w.warm_home, stream[:WARMUP_MESSAGES])
+    land(w.home, stream)
+    land(w.warm_home, stream[:WARMUP_MESSAGES])
     w.info = {"msgs": messages, "symbols": symbols, "orders": sum(s == "orders" for s, _ in stream),
               "input_bytes": w.input.stat().st_size}
     return w
@@ -221,8 +209,8 @@ def prepare_words(tmp: Path, lines: int) -> Workload:
         f.writelines(p.rstrip(b"\r\n") + b"\n" for p in payloads)
     with open(w.warm_input, "wb") as f:
         f.writelines(p.rstrip(b"\r\n") + b"\n" for p in payloads[:WARMUP_MESSAGES])
-    _land(w.home, (("text", p) for p in payloads))
-    _land(w.warm_home, (("text", p) for p in payloads[:WARMUP_MESSAGES]))
+    land(w.home, (("text", p) for p in payloads))
+    land(w.warm_home, (("text", p) for p in payloads[:WARMUP_MESSAGES]))
     w.info = {"lines": lines, "distinct_lines": len(text), "input_bytes": w.input.stat().st_size}
     return w
 
@@ -335,40 +323,6 @@ def _reference(w: Workload, loop_out):
 
 
 # -- running: cold processes ---------------------------------------------------------------------------------
-def _env(**extra: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("EVENTIDE_HOME", "EVENTIDE_APPS")}
-    env.setdefault("JAVA_HOME", "/usr/lib/jvm/java-17-openjdk-amd64")
-    env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    env["PYTHONUTF8"] = "1"  # FileSource opens text in the locale's encoding
-    env.update(extra)
-    return env
-
-
-def _timed_process(cmd: list[str], env: dict, log: Path) -> float:
-    """Wall seconds from spawn to exit; raises with the end of its output if it fails."""
-    with open(log, "wb") as out:
-        started = time.perf_counter()
-        rc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO).returncode
-        seconds = time.perf_counter() - started
-    if rc:
-        tail = log.read_text(errors="replace")[-3000:]
-        raise RuntimeError(f"{' '.join(cmd)} exited with {rc}:\n{tail}")
-    return seconds
-
-
-def _eventide_cmd() -> list[str]:
-    exe = Path(sys.executable).with_name("eventide")
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "orchestration.cli"]
-
-
-def _fresh_home(landed: Path, home: Path) -> Path:
-    """A new home holding a copy of the landed messages only (no checkpoints, tables or Dagster runs)."""
-    shutil.rmtree(home, ignore_errors=True)
-    home.mkdir(parents=True)
-    shutil.copytree(landed / "landing", home / "landing")
-    return home
-
-
 def run_cold(w: Workload, impl: str, scratch: Path) -> tuple[float, object]:
     """One cold run of `impl` over the workload: (seconds, outputs as compared)."""
     scratch.mkdir(parents=True, exist_ok=True)
@@ -377,16 +331,16 @@ def run_cold(w: Workload, impl: str, scratch: Path) -> tuple[float, object]:
         out = scratch / f"{w.name}-bytewax-out"
         shutil.rmtree(out, ignore_errors=True)
         spec = f"{FLOWS_FILE}:{w.name}_flow({str(w.input)!r}, {str(out)!r})"
-        seconds = _timed_process([sys.executable, "-m", "bytewax.run", spec], _env(), log)
+        seconds = timed_process([sys.executable, "-m", "bytewax.run", spec], child_env(), log)
         return seconds, read_file_outputs(w.name, out)
     if impl == "loop":
         out = scratch / f"{w.name}-loop-out"
         shutil.rmtree(out, ignore_errors=True)
-        seconds = _timed_process([sys.executable, "-m", "bench.peers", "--loop", w.name, str(w.input), str(out)],
-                                 _env(), log)
+        seconds = timed_process([sys.executable, "-m", "bench.peers", "--loop", w.name, str(w.input), str(out)],
+                                 child_env(), log)
         return seconds, read_file_outputs(w.name, out)
-    home = _fresh_home(w.home, scratch / f"{w.name}-eventide-home")
-    seconds = _timed_process([*_eventide_cmd(), "run", "--app", APPS[w.name]], _env(EVENTIDE_HOME=str(home)), log)
+    home = fresh_home(w.home, scratch / f"{w.name}-eventide-home")
+    seconds = timed_process([*eventide_cmd(), "run", "--app", APPS[w.name]], child_env(EVENTIDE_HOME=str(home)), log)
     try:
         return seconds, read_eventide_outputs(w.name, home)
     finally:
@@ -436,7 +390,7 @@ def _eventide_in_process(w: Workload, landed: Path, home: Path) -> tuple[float, 
     """`run_all` over a fresh copy of `landed`: (seconds, the app's queries {seconds, batches}, outputs)."""
     from bench.logs import timed_run_all
 
-    _fresh_home(landed, home)
+    fresh_home(landed, home)
     try:
         with _eventide_env(home, APPS[w.name]) as settings:
             run = timed_run_all(settings)
@@ -448,18 +402,13 @@ def _eventide_in_process(w: Workload, landed: Path, home: Path) -> tuple[float, 
 
 
 # -- the benchmark -------------------------------------------------------------------------------------------
-def _stats(times: list[float]) -> dict:
-    return {"median_s": round(statistics.median(times), 3), "min_s": round(min(times), 3),
-            "max_s": round(max(times), 3)}
-
-
 def _record(out: dict, w: Workload, mode: str, times: dict[str, list[float]]) -> None:
     unit = UNITS[w.name]
     medians = {}
     for impl, ts in times.items():
         if not ts:
             continue
-        for k, v in _stats(ts).items():
+        for k, v in spread(ts).items():
             out[f"{w.name}_{impl}_{mode}_{k}"] = v
         medians[impl] = statistics.median(ts)
         out[f"{w.name}_{impl}_{mode}_{unit}_per_s"] = round(w.units / medians[impl])

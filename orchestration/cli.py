@@ -124,7 +124,7 @@ def cmd_run(args, settings) -> int:
     from transforms.engine.runner import home_has_work
     from transforms.spark import start_in_background
 
-    # The JVM starts (3-5 s) while Dagster is imported and the definitions are built; none if nothing is new.
+    # The JVM starts (2-4 s) while Dagster is imported and the definitions are built; none if nothing is new.
     starting = start_in_background(settings) if home_has_work(settings) else None
     from orchestration.runner import run_all
 

@@ -77,7 +77,7 @@ def _driver_java_options(settings: Settings) -> list[str]:
 
 
 def start_in_background(settings: Settings) -> threading.Thread:
-    """Start the session on a thread, so the JVM starts (3-5 s) while the caller does other work; the
+    """Start the session on a thread, so the JVM starts (2-4 s) while the caller does other work; the
     first `get_spark` then waits for it. While the JVM starts, this process's stdout and stderr go to
     the Spark log (see _start_with_log): callers start it before work that prints nothing."""
     thread = threading.Thread(target=get_spark, args=(settings,), name="eventide-spark-start", daemon=True)
