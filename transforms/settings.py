@@ -53,6 +53,10 @@ class Settings:
     # driver commits them) or "driver" (the whole batch collected and written on the driver; the
     # reference form, kept for the equality tests and the benchmark).
     write_path: str = "executor"
+    # How a new checkpoint keeps keyed state (an existing one keeps its own, see keyed_state.py):
+    # "bucket" (keys hashed into buckets, one Spark group per bucket per batch) or "key" (one group
+    # per key: the reference form, kept for the equality tests and the benchmark). Timers use "key".
+    state_layout: str = "bucket"
     # Gateway
     bind_host: str = "127.0.0.1"
     # Ports by stream, over what the apps' sources declare (`temps=7201,logs=7101`); 0 = a free port.
@@ -179,6 +183,8 @@ class Settings:
             raise ConfigError(CONNECT_REFUSED.format(url=self.spark_remote))
         if self.write_path not in ("executor", "driver"):
             raise ConfigError(f"EVENTIDE_WRITE_PATH={self.write_path!r}: must be 'executor' or 'driver'")
+        if self.state_layout not in ("bucket", "key"):
+            raise ConfigError(f"EVENTIDE_STATE_LAYOUT={self.state_layout!r}: must be 'bucket' or 'key'")
         bad_ports = {s: p for s, p in self.ports.items() if not 0 <= p < 65536}
         if bad_ports:
             raise ConfigError(f"EVENTIDE_PORTS: ports must be 0..65535 (0 = a free port), got {bad_ports}")

@@ -6,8 +6,9 @@ One query per pipeline (or merged group of pipelines). The modules follow a mess
     runner.py        wires a plan's stages and runs them (trigger availableNow), exactly once:
       landing/<group>    file stream of closed parquet segments
       stages.py          pre stage (mapInArrow): decode, stateless computations, key function
-      keyed_state.py     groupBy(key).transformWithStateInPandas: each key's messages in sequence order
-                         through the state computation, the key's state objects held in RocksDB
+      keyed_state.py     transformWithStateInPandas grouped by a hash bucket of the key (by the key
+                         itself with timers): each key's messages in sequence order through the state
+                         computation, the key's state objects held in RocksDB
       sinks.py           foreachBatch: quarantine rows first, then one writer per sink: Delta (each
                          commit carries the app transaction (query, batch id), checked before writing),
                          TCP (a marker file per sink)

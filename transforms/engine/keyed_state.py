@@ -1,19 +1,28 @@
-"""The stateful step (transformWithStateInPandas, grouped by key).
+"""The stateful step (transformWithStateInPandas).
 
 Each key's messages go in sequence order through the pipeline's state computation, which sees the
 key's state object; the state objects of a key (one per state class) are pickled together in one
-RocksDB value state. Outputs leave as "out" envelopes; quarantine envelopes pass through untouched.
+RocksDB value. Outputs leave as "out" envelopes; quarantine envelopes pass through untouched.
+
+Two layouts of the same step (a checkpoint keeps the one it started with, see `state_layout`):
+- `KeyedStateProcessor` groups by key: one Spark group per key per batch, the state in a value
+  state. The reference form, and the one for timers (Spark's timers belong to a group).
+- `BucketedStateProcessor` groups by a hash bucket of the key: one group per bucket per batch, each
+  key's state in a map state under it. Spark's per-group costs (a pandas frame in, one out, its
+  Arrow conversion, the implicit-key calls) were most of a small batch: measured 1.6 ms a key.
 """
 
 from __future__ import annotations
 
 import pickle
 from collections.abc import Callable, Iterator
+from enum import Enum
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor
-from pyspark.sql.types import BinaryType, StructField, StructType
+from pyspark.sql.types import BinaryType, StringType, StructField, StructType
 
 from transforms.api import Context, Emit, StateComputation, to_record
 from transforms.engine.envelope import (
@@ -92,6 +101,88 @@ class KeyedStateProcessor(StatefulProcessor):
         pass
 
 
+STATE_BUCKETS = 64  # part of a bucketed checkpoint's layout: fixed once it has state
+
+
+class BucketedStateProcessor(StatefulProcessor):
+    """Grouped by `bucket` (a hash of the key, see `with_buckets`): each key's rows of the bucket in
+    sequence order through its state, the key's state objects pickled in a map state entry. Only for
+    plans without timers."""
+
+    def __init__(self, plan: QueryPlan, fail_fast: bool):
+        if plan.timers:
+            raise ValueError(f"{plan.name}: timers belong to a Spark group: use KeyedStateProcessor")
+        self.plan = plan
+        self.fail_fast = fail_fast
+
+    def init(self, handle) -> None:
+        self.states = handle.getMapState("states", StructType([StructField("key", StringType(), False)]),
+                                         StructType([StructField("blob", BinaryType(), True)]))
+
+    def handleInputRows(self, bucket, rows, timerValues) -> Iterator[pd.DataFrame]:
+        frames = list(rows)
+        df = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
+        codes, _ = pd.factorize(df["key"], sort=False)
+        order = np.lexsort((df["part"].to_numpy(), df["seq"].to_numpy(), codes))
+        df = df.take(order).reset_index(drop=True)
+        codes = codes[order]
+        starts = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]]).tolist()
+        ends = starts[1:] + [len(df)]
+        rows_in = _Input(df)
+        keys = df["key"].tolist()
+        now, watermark = _safe(timerValues.getCurrentProcessingTimeInMs), _safe(timerValues.getCurrentWatermarkInMs)
+        columns = [DECODED_PREFIX + n for n in self.plan.decoded_schema.names] if self.plan.mode is QueryMode.COLUMNAR else None
+        out = _Rows()
+        for lo, hi in zip(starts, ends):
+            key = keys[lo]
+            if key == QUARANTINE_KEY:
+                yield df.iloc[lo:hi][ENVELOPE.names]
+                continue
+            found = self.states.getValue((key,))
+            states = pickle.loads(found[0]) if found is not None else {}
+            _run_rows(out, rows_in, lo, hi, states, self.plan.branches, self.fail_fast, columns,
+                      Context(key, now, watermark))
+            self.states.updateValue((key,), (dumps(states),))
+        yield out.frame(None, df)
+
+    def close(self) -> None:
+        pass
+
+
+def with_buckets(env):
+    """The envelopes with the `bucket` column BucketedStateProcessor is grouped by."""
+    from pyspark.sql import functions as F
+
+    return env.withColumn("bucket", F.pmod(F.xxhash64("key"), F.lit(STATE_BUCKETS)).cast("int"))
+
+
+class StateLayout(str, Enum):
+    KEY = "key"
+    BUCKET = f"bucket-{STATE_BUCKETS}"
+
+
+LAYOUT_FILE = "eventide-state-layout"
+
+
+def state_layout(plan: QueryPlan, checkpoint: Path, wanted: str = "bucket") -> StateLayout:
+    """The checkpoint's layout of keyed state: what it started with (written into it on first use).
+    A new checkpoint gets `wanted` ("bucket" or "key"), or "key" if the plan has timers; one that has
+    planned a batch but has no record predates buckets, so it stays grouped by key."""
+    record = checkpoint / LAYOUT_FILE
+    try:
+        return StateLayout(record.read_text().strip())
+    except FileNotFoundError:
+        pass
+    except ValueError as e:
+        raise ValueError(f"{record}: unknown state layout {record.read_text().strip()!r} (expected one of "
+                         f"{[m.value for m in StateLayout]}); restore the file or start a new generation") from e
+    started = (checkpoint / "offsets").is_dir() and any((checkpoint / "offsets").iterdir())
+    layout = StateLayout.KEY if plan.timers or started or wanted == "key" else StateLayout.BUCKET
+    checkpoint.mkdir(parents=True, exist_ok=True)
+    record.write_text(layout.value + "\n")
+    return layout
+
+
 def _safe(fn: Callable) -> int:
     try:
         return int(fn())
@@ -125,7 +216,8 @@ class _Rows:
         self.reason.append(reason)
         self.src.append(src)
 
-    def frame(self, key: str, src: pd.DataFrame | None) -> pd.DataFrame:
+    def frame(self, key: str | None, src: pd.DataFrame | None) -> pd.DataFrame:
+        """The envelopes as a frame; `key` None: each row's key is its input row's (several keys)."""
         n = len(self.kind)
         if n == 0:
             return _EMPTY_ENVELOPE.copy()
@@ -139,6 +231,8 @@ class _Rows:
         }
         if src is not None and n:
             idx = np.asarray(self.src, dtype=np.int64)
+            if key is None:
+                data["key"] = src["key"].array.take(idx)
             for c in ("stream", "receive_time", "connection"):
                 data[c] = src[c].array.take(idx)  # typed take: no per-row Timestamp objects
             payloads = src["payload"].array
@@ -166,15 +260,33 @@ def _envelope_frame(rows: list[tuple], key: str) -> pd.DataFrame:
     return out.frame(key, None)
 
 
+class _Input:
+    """One group's input rows (sorted: each key's rows together, in sequence order) as lists."""
+
+    __slots__ = ("df", "seqs", "parts", "branch", "msgs")
+
+    def __init__(self, df: pd.DataFrame) -> None:
+        self.df = df
+        self.seqs = df["seq"].tolist()
+        self.parts = df["part"].tolist()
+        self.branch = df["branch"].tolist()
+        self.msgs = df["msg"].tolist()
+
+
 def _run_key(df: pd.DataFrame, states: dict, branches: tuple, fail_fast: bool, columns: list[str] | None = None,
              ctx: Context | None = None) -> pd.DataFrame:
-    """Apply one key's messages (sorted by sequence) to its state; runs of one batch-form branch go together."""
+    """Apply one key's messages (sorted by sequence) to its state: its output envelopes."""
     key = df["key"].iat[0]
-    ctx = ctx or Context(key)
-    seqs = df["seq"].tolist()
-    parts = df["part"].tolist()
-    branch_col = df["branch"].tolist()
-    msgs = df["msg"].tolist()
+    out = _Rows()
+    _run_rows(out, _Input(df), 0, len(df), states, branches, fail_fast, columns, ctx or Context(key))
+    return out.frame(key, df)
+
+
+def _run_rows(out: _Rows, rows: _Input, lo: int, hi: int, states: dict, branches: tuple, fail_fast: bool,
+              columns: list[str] | None, ctx: Context) -> None:
+    """Apply rows lo..hi (one key's, in sequence order) to the key's state; runs of one batch-form
+    branch go together. Outputs go to `out`, naming their input row by its position in `rows`."""
+    df, seqs, parts, branch_col, msgs = rows.df, rows.seqs, rows.parts, rows.branch, rows.msgs
     plans = []  # per branch: (state computation or None, steps after it)
     for b in branches:
         post = b.post_steps
@@ -182,18 +294,16 @@ def _run_key(df: pd.DataFrame, states: dict, branches: tuple, fail_fast: bool, c
             plans.append((post[0], post[1:]))
         else:
             plans.append((None, post))
-    out = _Rows()
-    n = len(seqs)
-    i = 0
-    while i < n:
+    i = lo
+    while i < hi:
         bno = branch_col[i]
         sc, rest = plans[bno]
         if sc is not None and sc.batch:
             j = i
-            while j < n and plans[branch_col[j]][0] is sc:  # a shared (merged) computation takes every branch
+            while j < hi and plans[branch_col[j]][0] is sc:  # a shared (merged) computation takes every branch
                 j += 1
             if columns is not None:  # columnar plan: the messages are the decoded columns themselves
-                whole = i == 0 and j == n
+                whole = i == 0 and j == len(df)
                 frame = df[columns] if whole else df.iloc[i:j][columns].reset_index(drop=True)
                 frame = frame.set_axis([c[len(DECODED_PREFIX):] for c in columns], axis=1)
                 frame["_stream"] = df["stream"].to_numpy()[i:j]
@@ -219,7 +329,6 @@ def _run_key(df: pd.DataFrame, states: dict, branches: tuple, fail_fast: bool, c
             for j, o in enumerate(outs):
                 out.add("out", seqs[i], base + j, bno, dumps(o), None, None, i)
         i += 1
-    return out.frame(key, df)
 
 
 def _run_batch(out: _Rows, seqs, parts, branch_col, frame: pd.DataFrame, i, j, sc: StateComputation, rest, states,

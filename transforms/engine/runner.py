@@ -20,7 +20,13 @@ from dataclasses import dataclass, field
 from transforms.api import Application
 from transforms.engine.checkpoints import batch_ids, has_commits, processed_segments
 from transforms.engine.envelope import ENVELOPE, TICK_STREAM
-from transforms.engine.keyed_state import KeyedStateProcessor
+from transforms.engine.keyed_state import (
+    BucketedStateProcessor,
+    KeyedStateProcessor,
+    StateLayout,
+    state_layout,
+    with_buckets,
+)
 from transforms.engine.locks import QueryLock, describe, holder_of
 from transforms.engine.plan import QueryPlan, plan_queries
 from transforms.engine.sinks import BatchWriter, resolve_tcp_sinks
@@ -64,8 +70,13 @@ def build_stream(spark, plan: QueryPlan, settings: Settings, staging: StagingPla
         return df.mapInArrow(FusedStage(make_pre_stage(plan, settings.fail_fast), staging), from_arrow_schema(STAGED))
     env = df.mapInArrow(make_pre_stage(plan, settings.fail_fast), from_arrow_schema(plan.stage_schema))
     if plan.keyed:
-        env = env.groupBy("key").transformWithStateInPandas(
-            statefulProcessor=KeyedStateProcessor(plan, settings.fail_fast),
+        if state_layout(plan, plan.checkpoint(settings), settings.state_layout) is StateLayout.BUCKET:
+            grouped = with_buckets(env).groupBy("bucket")
+            processor = BucketedStateProcessor(plan, settings.fail_fast)
+        else:
+            grouped, processor = env.groupBy("key"), KeyedStateProcessor(plan, settings.fail_fast)
+        env = grouped.transformWithStateInPandas(
+            statefulProcessor=processor,
             outputStructType=from_arrow_schema(ENVELOPE),
             outputMode="Append",
             timeMode=plan.time_mode.value,
