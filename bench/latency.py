@@ -504,6 +504,22 @@ def read_bronze(home: Path):
     return receive_at, by_gateway_order, rejected, len(ids), quotes.num_rows
 
 
+def wait_caught_up(settings, timeout: float) -> float | None:
+    """Seconds until `eventide status` shows every query of the home with nothing left to process
+    (bronze runs on a longer trigger than the app: the tables are read after this); None on timeout."""
+    from orchestration.status import compute_status
+
+    start = time.time()
+    while time.time() - start < timeout:
+        st = compute_status(settings)
+        if st.queries and all(q.lag_messages == 0 for q in st.queries) and all(lg.open == 0 for lg in st.logs):
+            return round(time.time() - start, 1)
+        time.sleep(0.5)
+    print("[latency] not caught up:", [(q.query, q.lag_messages) for q in st.queries], [(lg.log, lg.open) for lg in st.logs],
+          file=sys.stderr)
+    return None
+
+
 def run_serve(workload: Workload, phases: list[Phase], say, drain_timeout: float = 30, final_timeout: float = 90) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="eventide-bench-latency-"))
     listener = Listener()
@@ -523,6 +539,8 @@ def run_serve(workload: Workload, phases: list[Phase], say, drain_timeout: float
         say(f"serve: {line}")
         run = drive(workload, phases, (pm, po), listener, prime_timeout=180, drain_timeout=drain_timeout, say=say,
                     final_timeout=final_timeout)
+        out["caught_up_s"] = wait_caught_up(settings, timeout=final_timeout)
+        say(f"serve: every query caught up {out['caught_up_s']} s after the answers")
     finally:
         rc = serve.stop()
         listener.close()

@@ -70,14 +70,18 @@ class Settings:
     # Pipelines
     marker: str = "END_OF_DAY"
     fail_fast: bool = False
-    # Closed segments per micro-batch (each at most segment_max_bytes): bounds the driver's memory on a
-    # large backlog (4M log lines in one batch exhausted a 1 GB driver). 0 = everything in one batch.
-    max_files_per_trigger: int = 8
+    # Landing bytes per micro-batch (Spark's maxBytesPerTrigger; a batch takes at least one segment):
+    # bounds the driver's memory on a large backlog (4M log lines in one batch exhausted a 1 GB driver)
+    # without bounding the number of small segments a batch may take (under serve a segment closes
+    # every 0.25 s: a count would let a query on a slower trigger fall behind). 0 = no bound.
+    max_bytes_per_trigger: int = 64 << 20
+    # Closed segments per micro-batch instead, if set (tests use it to cut a run into batches).
+    max_files_per_trigger: int = 0
     # `eventide serve`: seconds between the micro-batches of each running query (a query with timers
     # runs a batch every trigger even when idle, so it uses at least 1 s).
     trigger_interval: float = 0.25
     # `eventide serve`: the bronze queries' interval (off the answer path: bigger, cheaper batches).
-    bronze_trigger_interval: float = 2.0
+    bronze_trigger_interval: float = 10.0
     # `eventide serve`: at most one Dagster event per table in this many seconds.
     report_interval: float = 5.0
     # Daily summaries
@@ -175,6 +179,8 @@ class Settings:
                 f"EVENTIDE_LENGTH_FMT={self.length_fmt!r} is {size} bytes but EVENTIDE_HEADER_LENGTH is "
                 f"{self.header_length}"
             )
+        if self.max_bytes_per_trigger < 0 or self.max_files_per_trigger < 0:
+            raise ConfigError("EVENTIDE_MAX_BYTES_PER_TRIGGER and EVENTIDE_MAX_FILES_PER_TRIGGER must be 0 (no bound) or positive")
         if self.max_frame_bytes <= 0:
             raise ConfigError("EVENTIDE_MAX_FRAME_BYTES must be positive")
         if self.spark_shuffle_partitions <= 0:

@@ -66,3 +66,25 @@ def test_bronze_market_data_decodes_the_350_messages_exactly(spark, settings):
         assert r["transact_time"].strftime("%Y%m%d-%H:%M:%S.%f")[:-3] == t.decode()
     symbols = (DATA / "market_spread" / "symbols.txt").read_text().split()
     assert sorted(r["symbol"] for r in rows.values()) == sorted(symbols)
+
+
+def test_a_micro_batch_is_bounded_by_landing_bytes_not_segments(spark, settings, tmp_path):
+    """Six small segments make one micro-batch by default; a byte bound of about two segments cuts
+    the same run into three batches, and the table is the same."""
+    import dataclasses
+    import shutil
+
+    lines = [msg for day in (1, 2) for msg in iter_file_messages(DATA / "log_windowing" / f"day_{day}.log")]
+    for i in range(6):
+        land(settings, "logs", lines[i * 100 : (i + 1) * 100])
+    segments = sorted(p for p in (settings.landing / "logs").rglob("*.parquet"))
+    assert len(segments) == 6
+    bounded = dataclasses.replace(settings, home=tmp_path / "bounded",
+                                  max_bytes_per_trigger=int(max(p.stat().st_size for p in segments) * 2.5))
+    shutil.copytree(settings.landing, bounded.landing)
+    rows = []
+    for s, batches in ((settings, 1), (bounded, 3)):
+        (report,) = run_application(spark, bronze_application("logs"), s)
+        assert (report.batches, report.input_rows) == (batches, 600)
+        rows.append(lake.read(s.table_path("bronze_log_lines")).sort_by("seq"))  # the same landing, copied
+    assert rows[0].equals(rows[1])

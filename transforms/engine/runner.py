@@ -58,6 +58,8 @@ def build_stream(spark, plan: QueryPlan, settings: Settings, staging: StagingPla
     reader = spark.readStream.schema(LANDING_DDL)
     if settings.max_files_per_trigger:
         reader = reader.option("maxFilesPerTrigger", settings.max_files_per_trigger)
+    elif settings.max_bytes_per_trigger:
+        reader = reader.option("maxBytesPerTrigger", settings.max_bytes_per_trigger)
     df = reader.option("basePath", str(settings.home.absolute())).parquet(landing_path(plan, settings))
     df = df.where(df.stream.isin(plan.streams))
     if not plan.quarantine_landing_errors:
