@@ -14,6 +14,7 @@ Two layouts of the same step (a checkpoint keeps the one it started with, see `s
 
 from __future__ import annotations
 
+import os
 import pickle
 from collections.abc import Callable, Iterator
 from enum import Enum
@@ -179,7 +180,9 @@ def state_layout(plan: QueryPlan, checkpoint: Path, wanted: str = "bucket") -> S
     started = (checkpoint / "offsets").is_dir() and any((checkpoint / "offsets").iterdir())
     layout = StateLayout.KEY if plan.timers or started or wanted == "key" else StateLayout.BUCKET
     checkpoint.mkdir(parents=True, exist_ok=True)
-    record.write_text(layout.value + "\n")
+    partial = record.with_name(f".{LAYOUT_FILE}.{os.getpid()}")  # a crash never leaves half a record
+    partial.write_text(layout.value + "\n")
+    os.replace(partial, record)
     return layout
 
 
