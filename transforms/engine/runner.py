@@ -50,9 +50,11 @@ class RunReport:
     held_by: str | None = None  # not run: another process holds the query's lock (see locks.py)
 
 
-def build_stream(spark, plan: QueryPlan, settings: Settings, staging: StagingPlan | None = None):
+def build_stream(spark, plan: QueryPlan, settings: Settings, staging: StagingPlan | None = None,
+                 layout: StateLayout = StateLayout.BUCKET):
     """The streaming DataFrame of a plan, up to the sinks; with `staging` (a direct plan written by
-    the executors), its rows staged in the same pass (`STAGED` rows, see BatchWriter.fused)."""
+    the executors), its rows staged in the same pass (`STAGED` rows, see BatchWriter.fused). `layout`:
+    how a keyed plan's state is grouped (its checkpoint's, see keyed_state.state_layout)."""
     src_dir = settings.landing / plan.group
     src_dir.mkdir(parents=True, exist_ok=True)
     reader = spark.readStream.schema(LANDING_DDL)
@@ -72,7 +74,7 @@ def build_stream(spark, plan: QueryPlan, settings: Settings, staging: StagingPla
         return df.mapInArrow(FusedStage(make_pre_stage(plan, settings.fail_fast), staging), from_arrow_schema(STAGED))
     env = df.mapInArrow(make_pre_stage(plan, settings.fail_fast), from_arrow_schema(plan.stage_schema))
     if plan.keyed:
-        if state_layout(plan, plan.checkpoint(settings), settings.state_layout) is StateLayout.BUCKET:
+        if layout is StateLayout.BUCKET:
             grouped = with_buckets(env).groupBy("bucket")
             processor = BucketedStateProcessor(plan, settings.fail_fast)
         else:
@@ -199,8 +201,9 @@ def start_query(spark, plan: QueryPlan, settings: Settings, writer: BatchWriter,
     """Start the plan's streaming query on its checkpoint, every batch through `writer`."""
     ckpt = plan.checkpoint(settings)
     ckpt.parent.mkdir(parents=True, exist_ok=True)
+    layout = state_layout(plan, ckpt, settings.state_layout) if plan.keyed else StateLayout.BUCKET
     return (
-        build_stream(spark, plan, settings, writer.fused).writeStream.queryName(plan.name.replace(".", "_"))
+        build_stream(spark, plan, settings, writer.fused, layout).writeStream.queryName(plan.name.replace(".", "_"))
         .foreachBatch(writer)
         .option("checkpointLocation", str(ckpt.absolute()))
         .trigger(**trigger)
