@@ -12,6 +12,7 @@ A table that does not exist yet (nothing written) passes: nothing to check, noth
 import inspect
 import json
 import re
+from collections.abc import Callable
 
 import dagster as dg
 import numpy as np
@@ -80,3 +81,25 @@ def sink_checks(app: Application) -> list[dg.AssetChecksDefinition]:
             seen.add((sink.table, check.name))
             out.append(_asset_check(sink.table, check))
     return out
+
+
+def check_each_partition(context: dg.AssetCheckExecutionContext,
+                         evaluate: Callable[[str], dg.AssetCheckResult]) -> dg.AssetCheckResult:
+    """A partitioned check over the partitions of its run: one, or a range (a backfill run as one run).
+
+    Dagster records one evaluation per check and run, without a partition when the run covers a range.
+    So in a range each partition's evaluation is logged as its own event, which gives each partition
+    its check status, and the result returned is the range's: passed if every partition passed."""
+    if context.has_partition_key:
+        return evaluate(context.partition_key)
+    (spec,) = context.check_specs
+    failed = []
+    for key in context.partition_keys:
+        result = evaluate(key)
+        context.op_execution_context.log_event(dg.AssetCheckEvaluation(
+            asset_key=spec.asset_key, check_name=spec.name, passed=result.passed, metadata=result.metadata,
+            severity=result.severity, blocking=spec.blocking, partition=key))
+        if not result.passed:
+            failed.append(key)
+    return dg.AssetCheckResult(passed=not failed, metadata={
+        "partitions": len(context.partition_keys), "failed_partitions": dg.MetadataValue.json(failed)})

@@ -40,6 +40,7 @@ from transforms.settings import Settings
 SIZES = (1_000_000, 4_000_000)
 DAYS = 30
 HISTORIES = (10, 40, 160)
+RANGE_DAYS = 30  # the backfill of a range: one run against a run per day
 LINES_PER_DAY = 5_000
 MAX_MINUTES = 15.0  # a size whose extrapolated engine time exceeds this is skipped, not run
 STAGE_PROFILE_LINES = 100_000
@@ -463,6 +464,32 @@ def _time_backfill(settings: Settings, day: str, repeats: int) -> float:
     return best
 
 
+def _time_range_backfill(settings: Settings, first: dt.date, days: int) -> dict:
+    """A backfill of `days` days as one run (the daily summary's single-run policy) against one run per
+    day; before each, the range's summaries are deleted, so each writes them all; the tables compared."""
+    from examples.logs import SUMMARY_SCHEMA, SUMMARY_TABLE
+    from orchestration.backfill import backfill
+
+    last = (first + dt.timedelta(days=days - 1)).isoformat()
+    out: dict = {"days": days}
+    counts = {}
+    for name, one_run in (("per_day_runs", False), ("one_run", True)):
+        progress(f"  backfill of {days} days, {name.replace('_', ' ')} ...")
+        lake.replace_where(settings.table_path(SUMMARY_TABLE), SUMMARY_SCHEMA.empty_table(), f"day <= '{last}'",
+                           partition_by=["day"])
+        started = time.perf_counter()
+        if backfill(settings, first.isoformat(), last, progress=lambda m: None, one_run=one_run):
+            raise RuntimeError(f"backfill of {days} days ({name}) failed")
+        out[f"{name}_s"] = round(time.perf_counter() - started, 3)
+        counts[name] = {k: v for k, v in stored_summary_counts(settings).items() if k[0].isoformat() <= last}
+        progress(f"    {out[f'{name}_s']:.1f} s")
+    problem = _mismatch("backfill as one run", counts["one_run"], counts["per_day_runs"])
+    if problem or len({k[0] for k in counts["one_run"]}) != days:
+        raise RuntimeError(problem or f"the backfill summarized {len({k[0] for k in counts['one_run']})} of {days} days")
+    out["one_run_speedup"] = round(out["per_day_runs_s"] / out["one_run_s"], 2)
+    return out
+
+
 def bench_backfill(histories: tuple[int, ...] = HISTORIES, lines_per_day: int = LINES_PER_DAY,
                    repeats: int = 2, spark_progress: SparkProgress | None = None) -> dict:
     """One home whose history grows to each size in turn (only the new days are landed and run);
@@ -495,8 +522,10 @@ def bench_backfill(histories: tuple[int, ...] = HISTORIES, lines_per_day: int = 
                            "backfill_day_s": round(seconds, 3), "pipelines_for_new_days_s": run["total_s"],
                            "landing_new_days_s": round(landing_s, 3)})
             progress(f"  backfill of one day with {history} days of history: {seconds:.2f} s")
+        ranged = _time_range_backfill(settings, first, min(RANGE_DAYS, have))
     times = [p["backfill_day_s"] for p in points]
     return {
+        "range": ranged,
         "lines_per_day": lines_per_day,
         "backfilled_day": day,
         "repeats": repeats,

@@ -20,6 +20,7 @@ import warnings
 import dagster as dg
 import pandas as pd
 
+from assets.checks import check_each_partition
 from assets.gx import validate
 from assets.resources import EventideSettings
 from assets.runs import in_backfill
@@ -57,46 +58,73 @@ def _markdown(rows: list[dict]) -> str:
     return "| status | count |\n|---|---|\n" + "\n".join(f"| {r['status']} | {r['count']} |" for r in rows)
 
 
-@dg.asset(
-    name=SUMMARY_TABLE,
-    partitions_def=DAILY,
-    deps=[WINDOWS_TABLE, BRONZE_TABLE],
-    group_name=GROUP,
-    kinds={"delta"},
-)
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", dg.BetaWarning)  # backfill_policy is "beta" in Dagster 1.13
+    _summary_asset = dg.asset(
+        name=SUMMARY_TABLE,
+        partitions_def=DAILY,
+        deps=[WINDOWS_TABLE, BRONZE_TABLE],
+        group_name=GROUP,
+        kinds={"delta"},
+        backfill_policy=dg.BackfillPolicy.single_run(),  # a backfill of many days is one run, not one per day
+    )
+
+
+@_summary_asset
 def daily_return_code_summary(
     context: dg.AssetExecutionContext, config: SummaryConfig, eventide: EventideSettings
 ) -> dg.MaterializeResult:
-    """Lines per (day, status) of one log day, the partition replaced atomically in Delta.
+    """Lines per (day, status) of each log day of the run (one, or a backfill's range), each day's
+    partition replaced atomically in Delta.
 
     From `log_windows` when closed windows cover every line of the day; from `bronze_log_lines` in a
     backfill, or when some lines of the day are in no closed window (no marker yet).
     """
     settings = eventide.get()
-    day = context.partition_key
     recompute = config.recompute_from_bronze or in_backfill(context)
-    summary = summarize_day(settings, day, recompute=recompute)
-    replaced = write_summary(settings, summary)
-    context.log.info(f"{day}: {summary.rows.num_rows} rows from {summary.source} ({summary.reason}); "
-                     f"{'replaced' if replaced else 'unchanged'}")
+    days = context.partition_keys
+    done = []
+    for i, day in enumerate(days, 1):
+        summary = summarize_day(settings, day, recompute=recompute)
+        replaced = write_summary(settings, summary)
+        done.append((summary, replaced))
+        context.log.info(f"{day}{f' ({i} of {len(days)})' if len(days) > 1 else ''}: {summary.rows.num_rows} rows "
+                         f"from {summary.source} ({summary.reason}); {'replaced' if replaced else 'unchanged'}")
     path = settings.table_path(SUMMARY_TABLE)
+    table = {"delta_version": dg.MetadataValue.int(lake.version(path) if lake.exists(path) else -1),
+             "path": dg.MetadataValue.path(str(path))}
+    if len(done) == 1:
+        (summary, replaced), = done
+        return dg.MaterializeResult(metadata={**_day_metadata(summary, replaced), **table})
+    # A range: what each day did, by partition (`eventide backfill` prints it per day).
     return dg.MaterializeResult(
         metadata={
-            # One line on what the run did (`eventide backfill` prints it).
-            "outcome": f"{'replaced' if replaced else 'unchanged'}, {summary.rows.num_rows} rows, "
-                       f"{summary.total} lines from {summary.source}",
-            "source": summary.source,
-            "source_reason": summary.reason,
-            "rows": dg.MetadataValue.int(summary.rows.num_rows),
-            "lines": dg.MetadataValue.int(summary.total),
-            "bronze_lines": dg.MetadataValue.int(summary.bronze_lines),
-            "uncovered_lines": dg.MetadataValue.int(summary.uncovered_lines),
-            "replaced": dg.MetadataValue.bool(replaced),
-            "delta_version": dg.MetadataValue.int(lake.version(path) if lake.exists(path) else -1),
-            "summary": dg.MetadataValue.md(_markdown(summary.rows.to_pylist())),
-            "path": dg.MetadataValue.path(str(path)),
+            "outcome_by_partition": dg.MetadataValue.json({str(s.day): _outcome(s, r) for s, r in done}),
+            "days": dg.MetadataValue.int(len(done)),
+            "replaced_days": dg.MetadataValue.int(sum(r for _, r in done)),
+            "lines": dg.MetadataValue.int(sum(s.total for s, _ in done)),
+            **table,
         }
     )
+
+
+def _outcome(summary, replaced: bool) -> str:
+    return (f"{'replaced' if replaced else 'unchanged'}, {summary.rows.num_rows} rows, "
+            f"{summary.total} lines from {summary.source}")
+
+
+def _day_metadata(summary, replaced: bool) -> dict:
+    return {
+        "outcome": _outcome(summary, replaced),  # one line on what the run did (`eventide backfill` prints it)
+        "source": summary.source,
+        "source_reason": summary.reason,
+        "rows": dg.MetadataValue.int(summary.rows.num_rows),
+        "lines": dg.MetadataValue.int(summary.total),
+        "bronze_lines": dg.MetadataValue.int(summary.bronze_lines),
+        "uncovered_lines": dg.MetadataValue.int(summary.uncovered_lines),
+        "replaced": dg.MetadataValue.bool(replaced),
+        "summary": dg.MetadataValue.md(_markdown(summary.rows.to_pylist())),
+    }
 
 
 # -- checks: they read the stored partition, so they can be re-run on their own ---------------------
@@ -112,53 +140,62 @@ with warnings.catch_warnings():
     @dg.asset_check(asset=daily_return_code_summary, partitions_def=DAILY, blocking=True)
     def rows_are_valid(context: dg.AssetCheckExecutionContext, eventide: EventideSettings) -> dg.AssetCheckResult:
         """GX: status between 100 and 599, counts positive, day equals the partition, one row per status."""
-        import great_expectations as gx  # here, not at the top: importing it takes seconds
-
-        day = context.partition_key
-        return validate(
-            _stored_frame(eventide.get(), day),
-            f"{SUMMARY_TABLE}-rows",
-            [
-                gx.expectations.ExpectColumnValuesToNotBeNull(column="status"),
-                gx.expectations.ExpectColumnValuesToBeBetween(column="status", min_value=100, max_value=599),
-                gx.expectations.ExpectColumnValuesToBeBetween(column="count", min_value=1),
-                gx.expectations.ExpectColumnValuesToBeInSet(column="day", value_set=[day]),
-                gx.expectations.ExpectCompoundColumnsToBeUnique(column_list=["day", "status"]),
-            ],
-            partition=day,
-        )
+        return check_each_partition(context, lambda day: _rows_are_valid(eventide.get(), day))
 
     @dg.asset_check(asset=daily_return_code_summary, partitions_def=DAILY, blocking=True)
     def total_matches_bronze(context: dg.AssetCheckExecutionContext, eventide: EventideSettings) -> dg.AssetCheckResult:
         """GX: the partition's total equals the number of bronze lines of that day."""
-        import great_expectations as gx
-
-        settings, day = eventide.get(), context.partition_key
-        totals = pd.DataFrame({"summary_total": [int(_stored_frame(settings, day)["count"].sum())],
-                               "bronze_lines": [bronze_line_count(settings, day)]})
-        return validate(
-            totals,
-            f"{SUMMARY_TABLE}-total",
-            [gx.expectations.ExpectColumnPairValuesToBeEqual(column_A="summary_total", column_B="bronze_lines")],
-            partition=day,
-        )
+        return check_each_partition(context, lambda day: _total_matches_bronze(eventide.get(), day))
 
     @dg.asset_check(asset=daily_return_code_summary, partitions_def=DAILY, blocking=True)
     def reconciles_with_bronze(context: dg.AssetCheckExecutionContext, eventide: EventideSettings) -> dg.AssetCheckResult:
         """The stored partition equals its recompute from bronze, row for row."""
-        settings, day = eventide.get(), context.partition_key
-        stored = {(r["status"], r["count"]) for r in stored_summary(settings, day).to_pylist()}
-        recomputed = {(r["status"], r["count"]) for r in summary_from_bronze(settings, day).to_pylist()}
-        only_stored, only_bronze = sorted(stored - recomputed), sorted(recomputed - stored)
-        return dg.AssetCheckResult(
-            passed=not only_stored and not only_bronze,
-            metadata={
-                "partition": day,
-                "rows": len(stored),
-                "only_in_summary": dg.MetadataValue.json([list(r) for r in only_stored]),
-                "only_in_recompute": dg.MetadataValue.json([list(r) for r in only_bronze]),
-            },
-        )
+        return check_each_partition(context, lambda day: _reconciles_with_bronze(eventide.get(), day))
+
+
+def _rows_are_valid(settings: Settings, day: str) -> dg.AssetCheckResult:
+    import great_expectations as gx  # here, not at the top: importing it takes seconds
+
+    return validate(
+        _stored_frame(settings, day),
+        f"{SUMMARY_TABLE}-rows",
+        [
+            gx.expectations.ExpectColumnValuesToNotBeNull(column="status"),
+            gx.expectations.ExpectColumnValuesToBeBetween(column="status", min_value=100, max_value=599),
+            gx.expectations.ExpectColumnValuesToBeBetween(column="count", min_value=1),
+            gx.expectations.ExpectColumnValuesToBeInSet(column="day", value_set=[day]),
+            gx.expectations.ExpectCompoundColumnsToBeUnique(column_list=["day", "status"]),
+        ],
+        partition=day,
+    )
+
+
+def _total_matches_bronze(settings: Settings, day: str) -> dg.AssetCheckResult:
+    import great_expectations as gx
+
+    totals = pd.DataFrame({"summary_total": [int(_stored_frame(settings, day)["count"].sum())],
+                           "bronze_lines": [bronze_line_count(settings, day)]})
+    return validate(
+        totals,
+        f"{SUMMARY_TABLE}-total",
+        [gx.expectations.ExpectColumnPairValuesToBeEqual(column_A="summary_total", column_B="bronze_lines")],
+        partition=day,
+    )
+
+
+def _reconciles_with_bronze(settings: Settings, day: str) -> dg.AssetCheckResult:
+    stored = {(r["status"], r["count"]) for r in stored_summary(settings, day).to_pylist()}
+    recomputed = {(r["status"], r["count"]) for r in summary_from_bronze(settings, day).to_pylist()}
+    only_stored, only_bronze = sorted(stored - recomputed), sorted(recomputed - stored)
+    return dg.AssetCheckResult(
+        passed=not only_stored and not only_bronze,
+        metadata={
+            "partition": day,
+            "rows": len(stored),
+            "only_in_summary": dg.MetadataValue.json([list(r) for r in only_stored]),
+            "only_in_recompute": dg.MetadataValue.json([list(r) for r in only_bronze]),
+        },
+    )
 
 
 SUMMARY_CHECKS = [rows_are_valid, total_matches_bronze, reconciles_with_bronze]

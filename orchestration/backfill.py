@@ -1,12 +1,15 @@
-"""`eventide backfill START [END]`: rerun the daily-partitioned jobs the apps declare, day by day.
+"""`eventide backfill START [END]`: rerun the daily-partitioned jobs the apps declare for a range of days.
 
 The jobs backfilled are every job of the definitions whose partitions are daily (a
 `DailyPartitionsDefinition`), as an app's extras declare them (the log app's `daily_summary_job`),
-or only those named. Each day runs in this process, one run per partition, recorded in the instance
-under EVENTIDE_HOME/dagster with the tag `eventide/backfill` (assets.runs): an asset that computes
-differently in a backfill reads it, as it reads Dagster's own `dagster/backfill` (the daily summary
-then recounts the day from bronze). The blocking checks of the job's assets run with it. A
-materialization may say in one line what it did: the metadata entry `outcome`, printed per day.
+or only those named. The runs execute in this process: the whole range as one run when every asset of
+the job has a single-run backfill policy (the daily summary has; a Dagster UI backfill then runs as
+one run too), else one run per day. They are recorded in the instance under EVENTIDE_HOME/dagster with
+the tag `eventide/backfill` (assets.runs): an asset that computes differently in a backfill reads it,
+as it reads Dagster's own `dagster/backfill` (the daily summary then recounts each day from bronze).
+The blocking checks of the job's assets run with it, per day (assets.checks.check_each_partition). A
+materialization may say in one line what it did: the metadata entry `outcome`, or for a range
+`outcome_by_partition` (day -> line), printed per day.
 """
 
 from __future__ import annotations
@@ -58,9 +61,19 @@ def _check_days(job: dg.JobDefinition, days: list[str]) -> None:
         )
 
 
+def runs_as_one(job: dg.JobDefinition) -> bool:
+    """Whether Dagster lets the job run a range of days as one run: every asset of it has a single-run
+    backfill policy (as the log app's daily summary has)."""
+    graph = job.asset_layer.asset_graph
+    policies = [graph.get(k).backfill_policy for k in job.asset_layer.selected_asset_keys]
+    return all(p is not None and p.max_partitions_per_run is None for p in policies)  # None: no limit
+
+
 def backfill(settings: Settings, start: str, end: str | None = None, progress: Callable[[str], None] = print,
-             jobs: Sequence[str] = ()) -> int:
-    """Rerun days `start`..`end` of the daily jobs (all, or `jobs`); 0 if every run and check passed."""
+             jobs: Sequence[str] = (), one_run: bool = True) -> int:
+    """Rerun days `start`..`end` of the daily jobs (all, or `jobs`); 0 if every run and check passed.
+    A job whose assets allow it runs the range as one run; any other (or with `one_run=False`, the
+    benchmark's baseline), one run per day."""
     from orchestration.definitions import defs
     from orchestration.runner import QUIET, dagster_instance
 
@@ -70,23 +83,47 @@ def backfill(settings: Settings, start: str, end: str | None = None, progress: C
         _check_days(job, days)
     instance = dagster_instance(settings)
     backfill_id = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S")
+    tags = {EVENTIDE_BACKFILL_TAG: backfill_id}
     failed = runs = 0
     for job in selected:
-        progress(f"backfill {backfill_id}: {job.name}, {len(days)} day(s)")
-        for day in days:
-            result = job.execute_in_process(instance=instance, partition_key=day, run_config=QUIET,
-                                            tags={EVENTIDE_BACKFILL_TAG: backfill_id}, raise_on_error=False)
+        as_one = one_run and len(days) > 1 and runs_as_one(job)
+        progress(f"backfill {backfill_id}: {job.name}, {len(days)} day(s)" + (" in one run" if as_one else ""))
+        if as_one:
+            ranges = [(None, {**tags, RANGE_START: days[0], RANGE_END: days[-1]})]
+        else:
+            ranges = [(day, tags) for day in days]
+        for day, run_tags in ranges:
+            result = job.execute_in_process(instance=instance, partition_key=day, run_config=QUIET, tags=run_tags,
+                                            raise_on_error=False)
             runs += 1
-            outcomes = []
-            for ev in result.get_asset_materialization_events():
-                meta = ev.event_specific_data.materialization.metadata
-                outcome = meta.get("outcome")
-                outcomes.append(getattr(outcome, "value", None) or f"{ev.asset_key.to_user_string()} materialized")
-            checks = result.get_asset_check_evaluations()
-            bad = [c.check_name for c in checks if not c.passed]
-            if not result.success or bad:
-                failed += 1
-            status = f"checks failed: {', '.join(bad)}" if bad else ("run failed" if not result.success else f"{len(checks)} checks passed")
-            progress(f"  {day}: {'; '.join(outcomes) or 'nothing materialized'} ({status}; run {result.run_id[:8]})")
+            bad_days = _report_days([day] if day else days, result, progress)
+            failed += 1 if bad_days or not result.success else 0
     progress(f"backfill {backfill_id}: {runs - failed} of {runs} run(s) done" + (f", {failed} failed" if failed else ""))
     return 1 if failed else 0
+
+
+RANGE_START, RANGE_END = "dagster/asset_partition_range_start", "dagster/asset_partition_range_end"
+
+
+def _report_days(days: list[str], result, progress: Callable[[str], None]) -> list[str]:
+    """Print a line per day of a run (one day, or a range): what each materialization said it did and
+    the day's checks; returns the days whose checks failed."""
+    outcomes: dict[str, list[str]] = {d: [] for d in days}
+    for ev in result.get_asset_materialization_events():
+        materialization = ev.event_specific_data.materialization
+        meta, day = materialization.metadata, materialization.partition
+        said = getattr(meta.get("outcome_by_partition"), "value", {}).get(day) or getattr(meta.get("outcome"), "value", None)
+        outcomes.setdefault(day, []).append(said or f"{ev.asset_key.to_user_string()} materialized")
+    checks: dict[str, list] = {d: [] for d in days}
+    for c in result.get_asset_check_evaluations():
+        if c.partition is not None or len(days) == 1:  # a range's own result repeats its days' results
+            checks.setdefault(c.partition or days[0], []).append(c)
+    bad_days = []
+    for day in days:
+        bad = [c.check_name for c in checks.get(day, []) if not c.passed]
+        if bad:
+            bad_days.append(day)
+        status = (f"checks failed: {', '.join(bad)}" if bad else
+                  "run failed" if not result.success else f"{len(checks.get(day, []))} checks passed")
+        progress(f"  {day}: {'; '.join(outcomes.get(day, [])) or 'nothing materialized'} ({status}; run {result.run_id[:8]})")
+    return bad_days

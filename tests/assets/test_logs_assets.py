@@ -244,3 +244,42 @@ def test_checks_fail_on_tampered_partitions(home):
     result = summarize(home, "2004-03-10")
     assert result.success and materialization(result)["replaced"] is True
     assert set(checks(result).values()) == {True}
+
+
+def test_a_backfill_of_many_days_is_one_run_with_each_days_checks(home, capsys):
+    from orchestration.backfill import RANGE_END, RANGE_START, backfill, runs_as_one
+
+    def check_records(run_id: str) -> dict[tuple[str, str], bool]:
+        out = {}
+        for name in ("rows_are_valid", "total_matches_bronze", "reconciles_with_bronze"):
+            key = dg.AssetCheckKey(dg.AssetKey(SUMMARY_TABLE), name)
+            for rec in home.instance.event_log_storage.get_asset_check_execution_history(key, limit=50):
+                if rec.run_id == run_id and rec.partition is not None:
+                    out[(rec.partition, name)] = rec.status.value == "SUCCEEDED"
+        return out
+
+    # The checks over a range, one run: each day gets its own evaluation; 2004-03-09 is still tampered.
+    result = DEFS.resolve_job_def(SUMMARY_CHECKS.name).execute_in_process(
+        instance=home.instance, run_config=QUIET, raise_on_error=False,
+        tags={RANGE_START: DAYS[0], RANGE_END: DAYS[-1]})
+    per_day = {(c.partition, c.check_name): c.passed for c in result.get_asset_check_evaluations() if c.partition}
+    assert per_day == {(d, n): d != "2004-03-09" for d in DAYS
+                       for n in ("rows_are_valid", "total_matches_bronze", "reconciles_with_bronze")}
+    assert check_records(result.run_id) == per_day  # what the Dagster UI shows per partition
+    assert not any(c.passed for c in result.get_asset_check_evaluations() if c.partition is None)  # the range's
+
+    # A backfill of the four days, one of them deleted, one tampered: one run, each day recounted and checked.
+    path = home.settings.table_path(SUMMARY_TABLE)
+    lake.replace_where(path, SUMMARY_SCHEMA.empty_table(), "day = '2004-03-08'", partition_by=["day"])
+    assert runs_as_one(DEFS.resolve_job_def(logs_assets.SUMMARY_JOB))
+    capsys.readouterr()
+    assert backfill(home.settings, DAYS[0], DAYS[-1]) == 0
+    out = capsys.readouterr().out
+    assert "daily_summary_job, 4 day(s) in one run" in out and "1 of 1 run(s) done" in out, out
+    assert "2004-03-08: replaced, 4 rows, 559 lines from bronze_log_lines (3 checks passed" in out
+    assert "2004-03-09: replaced" in out and "2004-03-07: unchanged" in out
+    assert summary_table(home) == expected_summary()
+    (run,) = home.instance.get_runs(limit=1)
+    assert run.tags[RANGE_START] == DAYS[0] and run.tags[RANGE_END] == DAYS[-1]
+    assert check_records(run.run_id) == {(d, n): True for d in DAYS
+                                          for n in ("rows_are_valid", "total_matches_bronze", "reconciles_with_bronze")}
