@@ -77,6 +77,7 @@ TICK_S = 0.01  # the sender's chunk: one per 10 ms
 ORDER_SHARE = 0.2
 UNKNOWN_SHARE = 0.25  # of the orders: symbols never quoted (always rejected)
 REJECT_STATE_SHARE = 0.25  # of the orders: symbols in reject state (always rejected)
+BURSTS, BURST_GAP_S = 10, 2.0  # the acceptance's shape on an idle service (see idle_bursts)
 PROBE_SYMBOL = "GOOG"  # in reject state after the sample quotes, and kept there
 MARKER_BID, MARKER_OFFER = 1.0, 2.0  # a wide quote for PROBE_SYMBOL: an answer carrying it proves the prime was processed
 SPARK_ENV = {"JAVA_HOME": "/usr/lib/jvm/java-17-openjdk-amd64", "SPARK_LOCAL_IP": "127.0.0.1"}
@@ -268,6 +269,7 @@ class Run:
     listener: Listener
     sent_at: dict[str, float] = field(default_factory=dict)  # order id -> time.time() at send
     probes: set[str] = field(default_factory=set)  # probe order ids sent (all rejected)
+    burst_ids: set[str] = field(default_factory=set)  # idle bursts' order ids (all rejected)
     phase_stats: dict[str, dict] = field(default_factory=dict)
 
     def first_answers(self) -> dict[str, float]:
@@ -337,6 +339,33 @@ def wait_for(need: set[str], listener: Listener, timeout: float) -> bool:
         time.sleep(0.05)
     time.sleep(0.3)  # a straggling duplicate, if any, is counted
     return not missing
+
+
+def idle_bursts(workload: Workload, orders_port: int, listener: Listener, run: Run, n: int, say) -> dict:
+    """The issue's acceptance, measured rather than asserted: on the primed service, idle, 20 orders in
+    one send (one for each of the 15 symbols the sample leaves rejecting, 5 for unknown symbols), and
+    the time from the send until the last of their 20 OrderResults arrives; `n` bursts, BURST_GAP_S apart."""
+    latest = []
+    with _connect(orders_port) as sock:
+        for b in range(n):
+            time.sleep(BURST_GAP_S)
+            symbols = workload.reject_syms + workload.unknown[:5]
+            ids = [f"B{b:02d}{i:03d}" for i in range(len(symbols))]
+            frames = b"".join(_framed_order(oid, sym, workload.rng) for oid, sym in zip(ids, symbols))
+            sent = time.time()
+            sock.sendall(frames)
+            run.burst_ids.update(ids)
+            if not wait_for(set(ids), listener, 30):
+                raise TimeoutError(f"idle burst {b}: not every OrderResult arrived within 30 s")
+            arrived: dict[str, float] = {}
+            for at, oid, _ in listener.answers:
+                if oid in ids:
+                    arrived.setdefault(oid, at)
+            latest.append(round(max(arrived.values()) - sent, 3))
+    say(f"idle bursts of 20 orders: last OrderResult after {statistics.median(latest):.2f} s (median), "
+        f"{max(latest):.2f} s (max) over {n}")
+    return {"bursts": n, "orders_per_burst": 20, "last_result_s": latest, "median_s": statistics.median(latest),
+            "max_s": max(latest), "within_2_s": sum(x <= 2.0 for x in latest)}
 
 
 def drive(workload: Workload, phases: list[Phase], ports: tuple[int, int], listener: Listener,
@@ -520,7 +549,8 @@ def wait_caught_up(settings, timeout: float) -> float | None:
     return None
 
 
-def run_serve(workload: Workload, phases: list[Phase], say, drain_timeout: float = 30, final_timeout: float = 90) -> dict:
+def run_serve(workload: Workload, phases: list[Phase], say, drain_timeout: float = 30, final_timeout: float = 90,
+              bursts: int = BURSTS) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="eventide-bench-latency-"))
     listener = Listener()
     pm, po = _free_port(), _free_port()
@@ -541,6 +571,9 @@ def run_serve(workload: Workload, phases: list[Phase], say, drain_timeout: float
                     final_timeout=final_timeout)
         out["caught_up_s"] = wait_caught_up(settings, timeout=final_timeout)
         say(f"serve: every query caught up {out['caught_up_s']} s after the answers")
+        if bursts:
+            out["idle_bursts"] = idle_bursts(workload, po, listener, run, bursts, say)
+            wait_caught_up(settings, timeout=final_timeout)
     finally:
         rc = serve.stop()
         listener.close()
@@ -551,7 +584,7 @@ def run_serve(workload: Workload, phases: list[Phase], say, drain_timeout: float
     for ph in phases:
         if ph.measured:
             out[ph.name] = phase_report(ph, run, receive_at)
-    expected = {i for ph in phases for i in ph.expected} | run.probes
+    expected = {i for ph in phases for i in ph.expected} | run.probes | run.burst_ids
     out["count_check"] = count_check(expected, listener.answers, table_ids)
     out["count_check"]["drained_before_stop"] = run.phase_stats[phases[-1].name]["drained"]
     out["count_check"]["gateway_order_replay_equal"] = by_gateway_order == expected
@@ -744,7 +777,8 @@ def _flat(prefix: str, d: dict, out: dict) -> None:
 
 
 def bench_latency(results: dict, rates=(1000, 10_000), seconds: float = 60, loop_seconds: float | None = None,
-                  warmup_seconds: float = 5, breakdown_seconds: float = 15, seed: int = 7, say=None) -> dict:
+                  warmup_seconds: float = 5, breakdown_seconds: float = 15, seed: int = 7, say=None,
+                  bursts: int = BURSTS) -> dict:
     """Fills `results` (flat keys, as the other benchmarks) and returns the nested form."""
     def log(msg):
         (say or (lambda m: print(f"[latency] {m}", file=sys.stderr, flush=True)))(msg)
@@ -767,7 +801,7 @@ def bench_latency(results: dict, rates=(1000, 10_000), seconds: float = 60, loop
     log(f"workload: {sum(p.quotes + p.orders for p in phases)} messages, {len(expected)} expected rejections")
 
     t = time.time()
-    serve = run_serve(workload, phases, log, drain_timeout=20, final_timeout=90)
+    serve = run_serve(workload, phases, log, drain_timeout=20, final_timeout=90, bursts=bursts)
     serve["wall_s"] = round(time.time() - t, 1)
     log(f"serve done in {serve['wall_s']} s")
     t = time.time()
@@ -825,7 +859,7 @@ def main(argv=None) -> int:
         return 0
     results: dict = {}
     if args.quick:
-        bench_latency(results, rates=(1000,), seconds=10, warmup_seconds=2, breakdown_seconds=5)
+        bench_latency(results, rates=(1000,), seconds=10, warmup_seconds=2, breakdown_seconds=5, bursts=3)
     else:
         bench_latency(results, rates=tuple(int(r) for r in args.rates.split(",")), seconds=args.seconds,
                       loop_seconds=args.loop_seconds, breakdown_seconds=args.breakdown_seconds)

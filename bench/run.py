@@ -56,7 +56,7 @@ def _benchmarks(quick: bool) -> dict:
 
         # `eventide serve` (a subprocess) and the plain loop at fixed rates; full: about 5 minutes.
         if quick:
-            bench_latency(r, rates=(1000,), seconds=10, warmup_seconds=2, breakdown_seconds=5)
+            bench_latency(r, rates=(1000,), seconds=10, warmup_seconds=2, breakdown_seconds=5, bursts=3)
         else:
             bench_latency(r, rates=(1000, 10_000), seconds=60, loop_seconds=30, breakdown_seconds=15)
 
