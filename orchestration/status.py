@@ -28,7 +28,8 @@ JSON (`--format json`): one object, keys in this order (`null` where there is no
                   "lag_messages": int (messages of its streams not processed, open ones included),
                   "lag_seconds": float (now - receive time of the oldest of them; 0.0 when none),
                   "oldest_unprocessed": ISO-8601 UTC|null,
-                  "held_by": {"pid": int, "command": str, "since": str}|null}]}
+                  "held_by": {"pid": int, "command": str, "since": str}|null,
+                  "tcp_in_doubt": {sink: int} (TCP batches found in doubt after a stop mid-send)}]}
 """
 
 from __future__ import annotations
@@ -86,6 +87,7 @@ class QueryStatus:
     lag_seconds: float = 0.0
     oldest_unprocessed: str | None = None
     held_by: dict | None = None
+    tcp_in_doubt: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -225,6 +227,8 @@ def query_status(settings: Settings, plan, log: _Log, now: float) -> QueryStatus
         lag_seconds=0.0 if oldest is None else round(max(0.0, now - oldest / 1_000_000), 3),
         oldest_unprocessed=_iso(oldest),
         held_by=None if holder is None else {k: holder.get(k) for k in ("pid", "command", "since")},
+        tcp_in_doubt={f.name[len("tcp-"):-len(".in-doubt")]: len(f.read_text().splitlines())
+                      for f in sorted(checkpoint.glob("tcp-*.in-doubt"))},
     )
 
 
@@ -273,6 +277,11 @@ def format_status(status: Status, fmt: str = "table") -> str:
     lines += _grid(["QUERY", "LOG", "PROCESSED TO", "LAG", "LAG SECONDS", "RUN BY"],
                    [[q.query, q.log, q.processed_last_seq, q.lag_messages, _seconds(q), _holder(q.held_by)]
                     for q in status.queries], left=(0, 1, 5))
+    doubts = [f"  {q.query}, TCP sink {sink}: {n} batch(es), listed in {q.checkpoint}/tcp-{sink}.in-doubt"
+              for q in status.queries for sink, n in q.tcp_in_doubt.items()]
+    if doubts:
+        lines += ["", "TCP batches in doubt (the process stopped while sending them; EVENTIDE_TCP_IN_DOUBT "
+                      "says whether they were sent again or skipped):", *doubts]
     lines.append("")
     lines.append("OPEN: landed, not yet in a closed segment (not visible to queries). "
                  "PROCESSED TO: the last sequence a query committed (-: nothing yet).")

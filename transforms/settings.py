@@ -57,6 +57,10 @@ class Settings:
     # "bucket" (keys hashed into buckets, one Spark group per bucket per batch) or "key" (one group
     # per key: the reference form, kept for the equality tests and the benchmark). Timers use "key".
     state_layout: str = "bucket"
+    # A TCP sink's batch "in doubt": the process stopped while sending it, so the receiver may hold
+    # none, part or all of it. "resend" (no output lost; some may arrive twice) or "skip" (none twice;
+    # some may be lost). Either way the batch is recorded next to the checkpoint and reported.
+    tcp_in_doubt: str = "resend"
     # Gateway
     bind_host: str = "127.0.0.1"
     # Ports by stream, over what the apps' sources declare (`temps=7201,logs=7101`); 0 = a free port.
@@ -189,6 +193,8 @@ class Settings:
             raise ConfigError(CONNECT_REFUSED.format(url=self.spark_remote))
         if self.write_path not in ("executor", "driver"):
             raise ConfigError(f"EVENTIDE_WRITE_PATH={self.write_path!r}: must be 'executor' or 'driver'")
+        if self.tcp_in_doubt not in ("resend", "skip"):
+            raise ConfigError(f"EVENTIDE_TCP_IN_DOUBT={self.tcp_in_doubt!r}: must be 'resend' or 'skip'")
         if self.state_layout not in ("bucket", "key"):
             raise ConfigError(f"EVENTIDE_STATE_LAYOUT={self.state_layout!r}: must be 'bucket' or 'key'")
         bad_ports = {s: p for s, p in self.ports.items() if not 0 <= p < 65536}

@@ -48,6 +48,7 @@ class RunReport:
     seconds: float = 0.0
     max_lag_seconds: float | None = None
     held_by: str | None = None  # not run: another process holds the query's lock (see locks.py)
+    tcp_in_doubt: list[int] = field(default_factory=list)  # TCP batches found in doubt (sinks.TCPSinkWriter)
 
 
 def build_stream(spark, plan: QueryPlan, settings: Settings, staging: StagingPlan | None = None,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -334,8 +335,14 @@ class DirectDeltaWriter(DeltaSinkWriter):
 
 
 class TCPSinkWriter(SinkWriter):
-    """Sends encoded outputs over one connection kept for the run; a marker file per sink records
-    the last batch sent, so a replayed batch is not sent twice. No address: the sink is off."""
+    """Sends encoded outputs over one connection kept for the run; a marker file per sink records the
+    last batch sent, so a replayed batch is not sent twice. No address: the sink is off.
+
+    A plain TCP receiver acknowledges nothing, so a process stopped while sending (after the
+    connection is up, before the marker says sent) leaves the batch in doubt: the receiver may hold
+    none, part or all of it. The marker records the send it starts ("N sending M"), so a replay knows
+    the batch is in doubt rather than guessing: it resends it or skips it (settings.tcp_in_doubt),
+    appends the case to `tcp-<sink>.in-doubt` next to the marker, and says so."""
 
     sink: TCPSink
 
@@ -344,6 +351,7 @@ class TCPSinkWriter(SinkWriter):
         self.address = ctx.tcp_addresses.get(sink.name)
         self.conn = TCPConnection(self.address) if self.address else None
         self.marker = ctx.plan.checkpoint(ctx.settings) / f"tcp-{sink.name}.sent"
+        self.in_doubt_log = self.marker.with_suffix(".in-doubt")
 
     def write(self, outputs: Outputs, batch_id: int) -> bool:
         if self.conn is None:
@@ -364,21 +372,51 @@ class TCPSinkWriter(SinkWriter):
         self.ctx.count(f"tcp:{self.sink.name}", len(encoded))
         return sent
 
+    def _read_marker(self) -> tuple[int, int | None]:
+        """(last batch sent, batch whose send started and did not finish, or None)."""
+        if not self.marker.exists():
+            return -1, None
+        parts = self.marker.read_text().split()
+        return (int(parts[0]) if parts else -1), (int(parts[2]) if len(parts) == 3 else None)
+
+    def _write_marker(self, text: str) -> None:
+        self.marker.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.marker.with_suffix(".tmp")
+        tmp.write_text(text)
+        os.replace(tmp, self.marker)
+
     def _send_once(self, encoded: Callable[[], bytes], batch_id: int) -> bool:
-        sink, marker = self.sink, self.marker
-        if marker.exists() and int(marker.read_text() or -1) >= batch_id:
+        sink = self.sink
+        last, sending = self._read_marker()
+        if last >= batch_id:
             return False
         data = encoded()
+        if sending == batch_id and self._in_doubt(batch_id, len(data)) == "skip":
+            self._write_marker(str(batch_id))
+            return False
         try:
+            self.conn.connect()  # nothing is sent yet: a failure here leaves nothing in doubt
+            self._write_marker(f"{last} sending {batch_id}")
             self.conn.send(data)
         except OSError as e:
             self.conn.close()
             raise RuntimeError(
                 f"TCP sink {sink.name!r} could not write to {self.address}: {e}. Is the receiver listening?"
             ) from e
-        marker.parent.mkdir(parents=True, exist_ok=True)
-        marker.write_text(str(batch_id))
+        self._write_marker(str(batch_id))
         return True
+
+    def _in_doubt(self, batch_id: int, size: int) -> str:
+        action = self.ctx.settings.tcp_in_doubt
+        record = {"batch": batch_id, "bytes": size, "action": action, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        with open(self.in_doubt_log, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        what = "sent again: the receiver may get part of it twice" if action == "resend" else "skipped: the receiver may miss part of it"
+        print(f"TCP sink {self.sink.name!r} ({self.ctx.plan.name}): batch {batch_id} ({size} bytes) was being sent when "
+              f"the process stopped, so the receiver may hold none, part or all of it; {what} "
+              f"(EVENTIDE_TCP_IN_DOUBT=resend|skip; recorded in {self.in_doubt_log})", file=sys.stderr, flush=True)
+        self.ctx.report.tcp_in_doubt.append(batch_id)
+        return action
 
     def close(self) -> None:
         if self.conn is not None:
@@ -515,11 +553,14 @@ class TCPConnection:
         self.host, self.port = host or "127.0.0.1", int(port)
         self.sock = None
 
-    def send(self, data: bytes) -> None:
+    def connect(self) -> None:
         import socket
 
         if self.sock is None:
             self.sock = socket.create_connection((self.host, self.port), timeout=30)
+
+    def send(self, data: bytes) -> None:
+        self.connect()
         self.sock.sendall(data)
 
     def close(self) -> None:

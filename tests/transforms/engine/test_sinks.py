@@ -1,6 +1,7 @@
 """Sinks without Spark: TCP sink addresses resolved before any Spark work, and the batch writer
 handing a micro-batch to the sink writers (quarantine first)."""
 
+import json
 import pickle
 import socket
 import threading
@@ -140,3 +141,72 @@ def test_a_failing_sink_never_loses_the_quarantined_messages(tmp_path, write_pat
         writer(batch, 0)
     writer.close()
     assert [r["seq"] for r in lake.read(settings.table_path(QUARANTINE_TABLE)).to_pylist()] == [1]
+
+
+class _Killed(BaseException):
+    """The process dying mid-send: not an error the writer handles."""
+
+
+def _tcp_settings(tmp_path, **settings) -> Settings:
+    return Settings(home=tmp_path / "home", app_registry=registry_of([_app(TCPSink("lines", as_line))]), **settings)
+
+
+def _tcp_writer(tmp_path, address: str, **settings):
+    from transforms.engine.sinks import TCPSinkWriter, WriteContext
+
+    s = _tcp_settings(tmp_path, **settings)
+    (plan,) = plan_queries(s.registry.app("y"), s)
+    (sink,) = plan.sinks
+    report = RunReport(plan.name)
+    return TCPSinkWriter(sink, WriteContext(plan, s, report, {"lines": address})), report
+
+
+@pytest.mark.parametrize("policy", ["resend", "skip"])
+def test_a_tcp_batch_cut_by_a_stop_mid_send_is_in_doubt_resent_or_skipped_and_recorded(tmp_path, capsys, policy):
+    from orchestration.status import compute_status, format_status
+    from tests.tcp import Receiver
+
+    receiver = Receiver()
+    writer, _ = _tcp_writer(tmp_path, receiver.address, tcp_in_doubt=policy)
+    assert writer._send_once(lambda: b"a\n", 0) and not writer._send_once(lambda: b"a\n", 0)  # a replay: not again
+
+    real_send = writer.conn.send
+
+    def killed_after_half(data):
+        real_send(data[: len(data) // 2])
+        raise _Killed
+
+    writer.conn.send = killed_after_half
+    with pytest.raises(_Killed):
+        writer._send_once(lambda: b"b1\nb2\n", 1)
+    writer.conn.close()
+
+    again, report = _tcp_writer(tmp_path, receiver.address, tcp_in_doubt=policy)  # the restarted process
+    assert again._send_once(lambda: b"b1\nb2\n", 1) is (policy == "resend")
+    assert again._send_once(lambda: b"c\n", 2) and not again._send_once(lambda: b"b1\nb2\n", 1)
+    again.close()
+    received = receiver.all_bytes()
+    assert received == (b"a\nb1\nb1\nb2\nc\n" if policy == "resend" else b"a\nb1\nc\n")
+    assert report.tcp_in_doubt == [1]
+    err = capsys.readouterr().err
+    assert "batch 1 (6 bytes) was being sent when the process stopped" in err and "EVENTIDE_TCP_IN_DOUBT" in err
+    (record,) = [json.loads(line) for line in again.in_doubt_log.read_text().splitlines()]
+    assert record["batch"] == 1 and record["action"] == policy and record["bytes"] == 6
+    status = compute_status(_tcp_settings(tmp_path))
+    assert [q.tcp_in_doubt for q in status.queries if q.tcp_in_doubt] == [{"lines": 1}]
+    assert "y, TCP sink lines: 1 batch(es), listed in" in format_status(status)
+
+
+def test_a_tcp_receiver_that_is_not_listening_leaves_nothing_in_doubt(tmp_path):
+    from tests.tcp import Receiver
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    writer, report = _tcp_writer(tmp_path, f"127.0.0.1:{port}")
+    with pytest.raises(RuntimeError, match="Is the receiver listening"):
+        writer._send_once(lambda: b"a\n", 0)
+    receiver = Receiver(port)
+    assert writer._send_once(lambda: b"a\n", 0)
+    writer.close()
+    assert receiver.all_bytes() == b"a\n" and report.tcp_in_doubt == [] and not writer.in_doubt_log.exists()
