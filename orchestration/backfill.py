@@ -61,21 +61,13 @@ def _check_days(job: dg.JobDefinition, days: list[str]) -> None:
         )
 
 
-def runs_as_one(job: dg.JobDefinition) -> bool:
-    """Whether Dagster lets the job run a range of days as one run: every asset of it has a single-run
-    backfill policy (as the log app's daily summary has)."""
-    graph = job.asset_layer.asset_graph
-    policies = [graph.get(k).backfill_policy for k in job.asset_layer.selected_asset_keys]
-    return all(p is not None and p.max_partitions_per_run is None for p in policies)  # None: no limit
-
-
 def backfill(settings: Settings, start: str, end: str | None = None, progress: Callable[[str], None] = print,
              jobs: Sequence[str] = (), one_run: bool = True) -> int:
     """Rerun days `start`..`end` of the daily jobs (all, or `jobs`); 0 if every run and check passed.
     A job whose assets allow it runs the range as one run; any other (or with `one_run=False`, the
     benchmark's baseline), one run per day."""
     from orchestration.definitions import defs
-    from orchestration.runner import QUIET, dagster_instance
+    from orchestration.runner import QUIET, RANGE_END, RANGE_START, dagster_instance, runs_as_one
 
     days = day_range(start, end)
     selected = daily_jobs(defs, jobs)
@@ -100,9 +92,6 @@ def backfill(settings: Settings, start: str, end: str | None = None, progress: C
             failed += 1 if bad_days or not result.success else 0
     progress(f"backfill {backfill_id}: {runs - failed} of {runs} run(s) done" + (f", {failed} failed" if failed else ""))
     return 1 if failed else 0
-
-
-RANGE_START, RANGE_END = "dagster/asset_partition_range_start", "dagster/asset_partition_range_end"
 
 
 def _report_days(days: list[str], result, progress: Callable[[str], None]) -> list[str]:

@@ -15,10 +15,15 @@ A failure stops only what depends on it: a failed blocking check (or a failed st
 assets downstream of it, in the run (Dagster's blocking checks) and in the requested runs (`run_all`
 holds back a run that needs an asset the pipelines run left unusable); everything else runs, and the
 summary reports each failure for the caller to print and exit non-zero at the end.
+
+Adjacent days one sensor or schedule asks of a job whose assets allow it (a single-run backfill policy,
+as the daily summary has) run as one run over their range (`merge_ranges`): a backlog of 30 days is one
+run, not 30. Each day keeps its materialization and its checks' evaluations.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import os
@@ -31,7 +36,8 @@ import dagster as dg
 from transforms.settings import Settings
 
 QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
-_PARTITION_TAGS = ("dagster/partition", "dagster/partition_set")
+_PARTITION_TAGS = ("dagster/partition", "dagster/partition_set", "dagster/asset_partition_range")
+RANGE_START, RANGE_END = "dagster/asset_partition_range_start", "dagster/asset_partition_range_end"
 _ASKED_SENSORS = ("STANDARD", "ASSET")  # run-status and automation sensors react to events, not state
 
 
@@ -141,6 +147,54 @@ class DueRun:
     partition_key: str
     requested_by: str
     request: dg.RunRequest = field(compare=False, repr=False)
+    through: str = ""  # the last partition of a range run as one (merge_ranges); "" = partition_key alone
+
+    @property
+    def partitions(self) -> str:
+        """The partition, or the range `first..last`; "" for an unpartitioned run."""
+        return f"{self.partition_key}..{self.through}" if self.through else self.partition_key
+
+    @property
+    def label(self) -> str:
+        return f"{self.job}[{self.partitions}]" if self.partition_key else self.job
+
+
+def runs_as_one(job: dg.JobDefinition) -> bool:
+    """Whether Dagster lets the job run a range of partitions as one run: every asset of it has a
+    single-run backfill policy (as the log app's daily summary has)."""
+    graph = job.asset_layer.asset_graph
+    policies = [graph.get(k).backfill_policy for k in job.asset_layer.selected_asset_keys]
+    return all(p is not None and p.max_partitions_per_run is None for p in policies)  # None: no limit
+
+
+def merge_ranges(defs: dg.Definitions, due: list[DueRun]) -> list[DueRun]:
+    """`due` (sorted, as due_runs returns it) with each stretch of adjacent partitions of one job, asked
+    by the same sensor or schedule with the same tags and config, as one run over their range, when the
+    job runs as one (runs_as_one)."""
+    out: list[DueRun] = []
+    for run in due:
+        prev = out[-1] if out else None
+        if prev is not None and _extends(defs, prev, run):
+            out[-1] = dataclasses.replace(prev, through=run.partition_key)
+        else:
+            out.append(run)
+    return out
+
+
+def _extends(defs: dg.Definitions, prev: DueRun, run: DueRun) -> bool:
+    a, b = prev.request, run.request
+    if (run.job != prev.job or not run.partition_key or not prev.partition_key or run.requested_by != prev.requested_by
+            or _run_tags(a) != _run_tags(b) or a.run_config != b.run_config or a.asset_selection != b.asset_selection):
+        return False
+    job = defs.resolve_job_def(run.job)
+    parts = job.partitions_def
+    if not runs_as_one(job) or not hasattr(parts, "get_next_partition_key"):
+        return False
+    return parts.get_next_partition_key(prev.through or prev.partition_key) == run.partition_key
+
+
+def _run_tags(req: dg.RunRequest) -> dict:
+    return {k: v for k, v in (req.tags or {}).items() if not k.startswith(_PARTITION_TAGS)}
 
 
 def _metadata(md) -> dict:
@@ -157,12 +211,16 @@ def _collect(result, summary: RunSummary, partition: str = "") -> set[dg.AssetKe
         name = mat.asset_key.to_user_string() + (f"[{mat.partition}]" if mat.partition else "")
         summary.materialized[name] = _metadata(mat.metadata)
     blocked: set[dg.AssetKey] = set()
-    for ev in result.get_asset_check_evaluations():
-        summary.checks.append((ev.asset_key.to_user_string(), ev.check_name, ev.passed, partition))
+    evaluations = result.get_asset_check_evaluations()
+    per_partition = {(ev.asset_key, ev.check_name) for ev in evaluations if ev.partition is not None}
+    for ev in evaluations:
+        if ev.partition is None and (ev.asset_key, ev.check_name) in per_partition:
+            continue  # a range's own result: its partitions' evaluations count (assets.checks.check_each_partition)
+        summary.checks.append((ev.asset_key.to_user_string(), ev.check_name, ev.passed, ev.partition or partition))
         if not ev.passed:
             blocking = bool(ev.blocking) and ev.severity == dg.AssetCheckSeverity.ERROR
             spec = result.job_def.asset_layer.asset_graph.get_check_spec(dg.AssetCheckKey(ev.asset_key, ev.check_name))
-            summary.check_failures.append(CheckFailure(ev.asset_key.to_user_string(), ev.check_name, partition,
+            summary.check_failures.append(CheckFailure(ev.asset_key.to_user_string(), ev.check_name, ev.partition or partition,
                                                        ev.description or spec.description or "",
                                                        _metadata(ev.metadata), blocking))
             if blocking:
@@ -224,12 +282,13 @@ def due_runs(defs: dg.Definitions, instance: dg.DagsterInstance, skip_jobs: tupl
 
 def execute_due(defs: dg.Definitions, instance: dg.DagsterInstance, run: DueRun):
     req = run.request
-    tags = {k: v for k, v in (req.tags or {}).items() if not k.startswith(_PARTITION_TAGS)}
+    tags = {**_run_tags(req), "eventide/requested_by": run.requested_by}
+    if run.through:
+        tags.update({RANGE_START: run.partition_key, RANGE_END: run.through})
     config = req.run_config if isinstance(req.run_config, dict) else {}
     return defs.resolve_job_def(run.job).execute_in_process(
-        instance=instance, partition_key=run.partition_key or None, run_config={**QUIET, **config},
-        tags={**tags, "eventide/requested_by": run.requested_by}, asset_selection=req.asset_selection,
-        raise_on_error=False)
+        instance=instance, partition_key=None if run.through else (run.partition_key or None),
+        run_config={**QUIET, **config}, tags=tags, asset_selection=req.asset_selection, raise_on_error=False)
 
 
 def _needs(defs: dg.Definitions, run: DueRun) -> set[dg.AssetKey]:
@@ -274,24 +333,23 @@ def run_all(settings: Settings, progress: Callable[[str], None] = print, summari
         return summary
     progress("asking the apps' sensors and schedules what is due ...")
     cursors = load_cursors(settings)
-    due = due_runs(defs, instance, skip_jobs=(PIPELINES_JOB,), cursors=cursors)
+    due = merge_ranges(defs, due_runs(defs, instance, skip_jobs=(PIPELINES_JOB,), cursors=cursors))
     runnable = []
     for run in due:
         blocked_by = sorted(k.to_user_string() for k in _needs(defs, run) & unusable)
         if blocked_by:
-            summary.held_back.append(f"{run.job}{f'[{run.partition_key}]' if run.partition_key else ''} "
-                                     f"(needs {', '.join(blocked_by)})")
+            summary.held_back.append(f"{run.label} (needs {', '.join(blocked_by)})")
         else:
             runnable.append(run)
     for job in dict.fromkeys(r.job for r in runnable):
-        keys = [r.partition_key for r in runnable if r.job == job]
+        keys = [r.partitions for r in runnable if r.job == job]
         progress(f"  {job}: {len(keys)} run(s)" + (f": {', '.join(k for k in keys if k)}" if any(keys) else ""))
     for held in summary.held_back:
         progress(f"  held back: {held}")
     if not due:
         progress("  nothing due")
     for run in runnable:
-        _collect(execute_due(defs, instance, run), summary, run.partition_key)
+        _collect(execute_due(defs, instance, run), summary, run.partitions)
     # The cursors move on only when every requested run ran and passed; else the next run asks again.
     if summary.passed and not summary.held_back:
         save_cursors(settings, cursors)

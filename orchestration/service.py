@@ -133,18 +133,26 @@ class FollowUps:
     def run_due(self, now: dt.datetime | None = None, stopping: Callable[[], bool] = lambda: False) -> int:
         """Run what is due, one run at a time; stop between runs once `stopping()` (the rest stays due:
         the sensor's cursor is only kept when every run it asked for ran)."""
-        from orchestration.runner import RunSummary, _collect, due_runs, execute_due, save_cursors
+        from orchestration.runner import (
+            RunSummary,
+            _collect,
+            due_runs,
+            execute_due,
+            merge_ranges,
+            save_cursors,
+        )
         from orchestration.sensors import PIPELINES_JOB
 
         before = dict(self.cursors)
-        due = due_runs(self.defs, self.instance, skip_jobs=(PIPELINES_JOB,), now=now, cursors=self.cursors)
+        due = merge_ranges(self.defs, due_runs(self.defs, self.instance, skip_jobs=(PIPELINES_JOB,), now=now,
+                                               cursors=self.cursors))
         for run in due:
             if stopping():
                 self.cursors = before
                 return 0
             summary = RunSummary()
-            _collect(execute_due(self.defs, self.instance, run), summary, run.partition_key)
-            what = f"{run.job}{f'[{run.partition_key}]' if run.partition_key else ''}"
+            _collect(execute_due(self.defs, self.instance, run), summary, run.partitions)
+            what = run.label
             failed = [f"{f.asset} {f.check}" for f in summary.check_failures] + summary.failures
             self.say(f"{what} (asked by {run.requested_by}): " + (f"FAILED {'; '.join(failed)}" if failed else "done"))
             self.runs += 1

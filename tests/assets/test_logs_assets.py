@@ -247,7 +247,8 @@ def test_checks_fail_on_tampered_partitions(home):
 
 
 def test_a_backfill_of_many_days_is_one_run_with_each_days_checks(home, capsys):
-    from orchestration.backfill import RANGE_END, RANGE_START, backfill, runs_as_one
+    from orchestration.backfill import backfill
+    from orchestration.runner import RANGE_END, RANGE_START, runs_as_one
 
     def check_records(run_id: str) -> dict[tuple[str, str], bool]:
         out = {}

@@ -1,0 +1,43 @@
+"""Which requested runs `eventide run` and `serve` merge into one run over a range (no Spark)."""
+
+import warnings
+
+import dagster as dg
+
+from orchestration.runner import DueRun, merge_ranges, runs_as_one
+
+DAILY = dg.DailyPartitionsDefinition(start_date="2004-03-01")
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", dg.BetaWarning)
+
+    @dg.asset(partitions_def=DAILY, backfill_policy=dg.BackfillPolicy.single_run())
+    def ranged():
+        return None
+
+    @dg.asset(partitions_def=DAILY)
+    def per_day():
+        return None
+
+
+DEFS = dg.Definitions(assets=[ranged, per_day], jobs=[dg.define_asset_job("ranged_job", [ranged]),
+                                                       dg.define_asset_job("per_day_job", [per_day])])
+
+
+def _due(job: str, day: str, who: str = "sensor", **tags) -> DueRun:
+    return DueRun(job, day, who, dg.RunRequest(partition_key=day, tags=tags))
+
+
+def test_adjacent_days_of_a_job_that_runs_as_one_merge_into_a_range():
+    assert runs_as_one(DEFS.resolve_job_def("ranged_job")) and not runs_as_one(DEFS.resolve_job_def("per_day_job"))
+    due = [_due("ranged_job", d) for d in ("2004-03-07", "2004-03-08", "2004-03-09", "2004-03-11")]
+    merged = merge_ranges(DEFS, due)
+    assert [r.partitions for r in merged] == ["2004-03-07..2004-03-09", "2004-03-11"]
+    assert merged[0].label == "ranged_job[2004-03-07..2004-03-09]" and merged[1].label == "ranged_job[2004-03-11]"
+
+
+def test_what_does_not_merge():
+    days = ("2004-03-07", "2004-03-08")
+    assert len(merge_ranges(DEFS, [_due("per_day_job", d) for d in days])) == 2  # no single-run policy
+    assert len(merge_ranges(DEFS, [_due("ranged_job", days[0], "sensor"), _due("ranged_job", days[1], "schedule")])) == 2
+    assert len(merge_ranges(DEFS, [_due("ranged_job", days[0], why="a"), _due("ranged_job", days[1], why="b")])) == 2
+    assert len(merge_ranges(DEFS, [_due("ranged_job", days[0]), _due("per_day_job", days[1])])) == 2
