@@ -103,10 +103,11 @@ def _report_days(days: list[str], result, progress: Callable[[str], None]) -> li
         meta, day = materialization.metadata, materialization.partition
         said = getattr(meta.get("outcome_by_partition"), "value", {}).get(day) or getattr(meta.get("outcome"), "value", None)
         outcomes.setdefault(day, []).append(said or f"{ev.asset_key.to_user_string()} materialized")
+    from orchestration.runner import check_evaluations
+
     checks: dict[str, list] = {d: [] for d in days}
-    for c in result.get_asset_check_evaluations():
-        if c.partition is not None or len(days) == 1:  # a range's own result repeats its days' results
-            checks.setdefault(c.partition or days[0], []).append(c)
+    for c in check_evaluations(result):
+        checks.setdefault(c.partition or days[0], []).append(c)  # unpartitioned: reported with the first day
     bad_days = []
     for day in days:
         bad = [c.check_name for c in checks.get(day, []) if not c.passed]

@@ -197,6 +197,14 @@ def _run_tags(req: dg.RunRequest) -> dict:
     return {k: v for k, v in (req.tags or {}).items() if not k.startswith(_PARTITION_TAGS)}
 
 
+def check_evaluations(result) -> list:
+    """A run's check evaluations, each once: in a run over a range, a check that evaluated each
+    partition (assets.checks.check_each_partition) also returned the range's result, which is left out."""
+    evaluations = result.get_asset_check_evaluations()
+    per_partition = {(ev.asset_key, ev.check_name) for ev in evaluations if ev.partition is not None}
+    return [ev for ev in evaluations if ev.partition is not None or (ev.asset_key, ev.check_name) not in per_partition]
+
+
 def _metadata(md) -> dict:
     return {k: getattr(v, "value", v) for k, v in (md or {}).items()}
 
@@ -211,11 +219,7 @@ def _collect(result, summary: RunSummary, partition: str = "") -> set[dg.AssetKe
         name = mat.asset_key.to_user_string() + (f"[{mat.partition}]" if mat.partition else "")
         summary.materialized[name] = _metadata(mat.metadata)
     blocked: set[dg.AssetKey] = set()
-    evaluations = result.get_asset_check_evaluations()
-    per_partition = {(ev.asset_key, ev.check_name) for ev in evaluations if ev.partition is not None}
-    for ev in evaluations:
-        if ev.partition is None and (ev.asset_key, ev.check_name) in per_partition:
-            continue  # a range's own result: its partitions' evaluations count (assets.checks.check_each_partition)
+    for ev in check_evaluations(result):
         summary.checks.append((ev.asset_key.to_user_string(), ev.check_name, ev.passed, ev.partition or partition))
         if not ev.passed:
             blocking = bool(ev.blocking) and ev.severity == dg.AssetCheckSeverity.ERROR
