@@ -357,11 +357,8 @@ def idle_bursts(workload: Workload, orders_port: int, listener: Listener, run: R
             run.burst_ids.update(ids)
             if not wait_for(set(ids), listener, 30):
                 raise TimeoutError(f"idle burst {b}: not every OrderResult arrived within 30 s")
-            arrived: dict[str, float] = {}
-            for at, oid, _ in listener.answers:
-                if oid in ids:
-                    arrived.setdefault(oid, at)
-            latest.append(round(max(arrived.values()) - sent, 3))
+            first = run.first_answers()
+            latest.append(round(max(first[oid] for oid in ids) - sent, 3))
     say(f"idle bursts of 20 orders: last OrderResult after {statistics.median(latest):.2f} s (median), "
         f"{max(latest):.2f} s (max) over {n}")
     return {"bursts": n, "orders_per_burst": 20, "last_result_s": latest, "median_s": statistics.median(latest),

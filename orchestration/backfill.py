@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 import dagster as dg
 
 from assets.runs import EVENTIDE_BACKFILL_TAG
+from orchestration.runner import check_evaluations
 from transforms.settings import Settings
 
 
@@ -103,8 +104,6 @@ def _report_days(days: list[str], result, progress: Callable[[str], None]) -> li
         meta, day = materialization.metadata, materialization.partition
         said = getattr(meta.get("outcome_by_partition"), "value", {}).get(day) or getattr(meta.get("outcome"), "value", None)
         outcomes.setdefault(day, []).append(said or f"{ev.asset_key.to_user_string()} materialized")
-    from orchestration.runner import check_evaluations
-
     checks: dict[str, list] = {d: [] for d in days}
     for c in check_evaluations(result):
         checks.setdefault(c.partition or days[0], []).append(c)  # unpartitioned: reported with the first day

@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from transforms.files import write_text_atomic
 from transforms.framing import LANDED_ACK, FrameDecoder, FrameTooLarge, Framing, TruncatedFrame
 from transforms.landing import Lander
 from transforms.settings import ConfigError, Settings
@@ -375,9 +376,7 @@ def record_ports(settings: Settings, ports: dict[str, int], queries: bool = Fals
         "queries": queries,
         "started_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
     }
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(state, indent=2) + "\n")
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(state, indent=2) + "\n")
     return path
 
 

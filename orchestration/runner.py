@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 import dagster as dg
 
+from transforms.files import write_text_atomic
 from transforms.settings import Settings
 
 QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
@@ -76,11 +77,7 @@ def load_cursors(settings: Settings) -> dict[str, str | None]:
 
 
 def save_cursors(settings: Settings, cursors: dict[str, str | None]) -> None:
-    path = cursors_file(settings)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(cursors, sort_keys=True))
-    os.replace(tmp, path)
+    write_text_atomic(cursors_file(settings), json.dumps(cursors, sort_keys=True))
 
 
 def write_instance_config(dagster_home) -> None:

@@ -14,7 +14,6 @@ Two layouts of the same step (a checkpoint keeps the one it started with, see `s
 
 from __future__ import annotations
 
-import os
 import pickle
 from collections.abc import Callable, Iterator
 from enum import Enum
@@ -37,6 +36,7 @@ from transforms.engine.envelope import (
 )
 from transforms.engine.plan import QueryMode, QueryPlan
 from transforms.engine.stages import apply_steps
+from transforms.files import write_text_atomic
 
 
 # -- the processor ---------------------------------------------------------------------------------
@@ -179,10 +179,7 @@ def state_layout(plan: QueryPlan, checkpoint: Path, wanted: str = "bucket") -> S
                          f"{[m.value for m in StateLayout]}); restore the file or start a new generation") from e
     started = (checkpoint / "offsets").is_dir() and any((checkpoint / "offsets").iterdir())
     layout = StateLayout.KEY if plan.timers or started or wanted == "key" else StateLayout.BUCKET
-    checkpoint.mkdir(parents=True, exist_ok=True)
-    partial = record.with_name(f".{LAYOUT_FILE}.{os.getpid()}")  # a crash never leaves half a record
-    partial.write_text(layout.value + "\n")
-    os.replace(partial, record)
+    write_text_atomic(record, layout.value + "\n")  # a crash never leaves half a record
     return layout
 
 

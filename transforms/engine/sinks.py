@@ -49,6 +49,7 @@ from transforms.engine.staging import (
     outputs_to_table,
     unordered,
 )
+from transforms.files import write_text_atomic
 from transforms.settings import ConfigError, Settings
 
 if TYPE_CHECKING:
@@ -379,12 +380,6 @@ class TCPSinkWriter(SinkWriter):
         parts = self.marker.read_text().split()
         return (int(parts[0]) if parts else -1), (int(parts[2]) if len(parts) == 3 else None)
 
-    def _write_marker(self, text: str) -> None:
-        self.marker.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.marker.with_suffix(".tmp")
-        tmp.write_text(text)
-        os.replace(tmp, self.marker)
-
     def _send_once(self, encoded: Callable[[], bytes], batch_id: int) -> bool:
         sink = self.sink
         last, sending = self._read_marker()
@@ -392,18 +387,18 @@ class TCPSinkWriter(SinkWriter):
             return False
         data = encoded()
         if sending == batch_id and self._in_doubt(batch_id, len(data)) == "skip":
-            self._write_marker(str(batch_id))
+            write_text_atomic(self.marker, str(batch_id))
             return False
         try:
             self.conn.connect()  # nothing is sent yet: a failure here leaves nothing in doubt
-            self._write_marker(f"{last} sending {batch_id}")
+            write_text_atomic(self.marker, f"{last} sending {batch_id}")
             self.conn.send(data)
         except OSError as e:
             self.conn.close()
             raise RuntimeError(
                 f"TCP sink {sink.name!r} could not write to {self.address}: {e}. Is the receiver listening?"
             ) from e
-        self._write_marker(str(batch_id))
+        write_text_atomic(self.marker, str(batch_id))
         return True
 
     def _in_doubt(self, batch_id: int, size: int) -> str:

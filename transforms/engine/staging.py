@@ -15,7 +15,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
-import os
 import pickle
 import time
 import uuid
@@ -33,6 +32,7 @@ from transforms import lake
 from transforms.api import DeltaSink, TCPSink, UserFunctionError, to_record
 from transforms.engine.envelope import DECODED_PREFIX
 from transforms.engine.plan import QueryMode, QueryPlan
+from transforms.files import write_text_atomic
 
 # What each task returns: one row per staged file or per table of rows for the driver.
 FILE, ROWS = "file", "rows"
@@ -353,11 +353,8 @@ class StagingJournal:
         self.folder = checkpoint / "staging"
 
     def open(self, token: str, batch_id: int, roots: list[str]) -> Path:
-        self.folder.mkdir(parents=True, exist_ok=True)
         entry = self.folder / f"{batch_id}-{token}.json"
-        tmp = entry.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"token": token, "batch_id": batch_id, "roots": roots}))
-        os.replace(tmp, entry)
+        write_text_atomic(entry, json.dumps({"token": token, "batch_id": batch_id, "roots": roots}))
         return entry
 
     def close(self, entry: Path) -> None:
