@@ -22,6 +22,8 @@ class Receiver:
         self.connections = 0
         self.open = 0
         self.cond = threading.Condition()
+        self.reading = threading.Event()  # clear it to stop reading: the sender's socket buffers fill up
+        self.reading.set()
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self):
@@ -39,7 +41,7 @@ class Receiver:
 
     def _read(self, conn, mine: list[bytes]):
         with conn:
-            while data := conn.recv(65536):
+            while self.reading.wait() and (data := conn.recv(65536)):
                 with self.cond:
                     mine.append(data)
                     self.chunks.append(data)

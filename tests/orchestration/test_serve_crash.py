@@ -89,6 +89,18 @@ def _table(home: Path, name: str) -> list[dict]:
     return lake.read(path).to_pylist() if lake.exists(path) else []
 
 
+def _sender_processes(home: Path) -> list[str]:
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            args = cmdline.read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"transforms.tcp_relay" in args and any(str(home).encode() in a for a in args):
+            found.append(cmdline.parent.name)
+    return found
+
+
 def _start(env, tmp_path) -> Service:
     service = Service(env, tmp_path, [EVENTIDE, "serve"])
     service.wait_for_line("all ", timeout=240)
@@ -188,6 +200,10 @@ def test_kill_9_while_sending_then_restart_leaves_every_table_exact(tmp_path):
     results = [parse_order_result(f).order_id for f in orders_out.whole_frames()]
     assert len(results) == len(set(results)), "an OrderResult was sent twice"
     assert sorted(results) == sorted(got)  # and none missing
+    # A kill of serve never cuts a TCP batch (each sink's sender process finishes it), so none is in
+    # doubt, and every sender process has exited with its serve.
+    assert not [q.tcp_in_doubt for q in compute_status(settings).queries if q.tcp_in_doubt]
+    assert not _sender_processes(home), "a TCP sink's sender process outlived serve"
 
     # Logs: the exact daily summaries.
     assert summary_rows([lake.read(summary)]) == expected_summary()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -127,7 +128,7 @@ class BatchWriter:
             plan=self.plan, batch_id=batch_id, token=new_token(),
             append_roots={w.sink.table: str(w.root.absolute()) for w in deltas if w.sink.mode == "append" and needed(w)},
             upserts=frozenset(w.sink.table for w in deltas if w.sink.mode == "upsert" and needed(w)),
-            tcp_sinks=frozenset(w.sink.name for w in self.sinks if isinstance(w, TCPSinkWriter) and w.conn is not None),
+            tcp_sinks=frozenset(w.sink.name for w in self.sinks if isinstance(w, TCPSinkWriter) and w.sender is not None),
             all_receive_times=self.per_row_latencies,
         )
 
@@ -339,23 +340,24 @@ class TCPSinkWriter(SinkWriter):
     """Sends encoded outputs over one connection kept for the run; a marker file per sink records the
     last batch sent, so a replayed batch is not sent twice. No address: the sink is off.
 
-    A plain TCP receiver acknowledges nothing, so a process stopped while sending (after the
-    connection is up, before the marker says sent) leaves the batch in doubt: the receiver may hold
-    none, part or all of it. The marker records the send it starts ("N sending M"), so a replay knows
-    the batch is in doubt rather than guessing: it resends it or skips it (settings.tcp_in_doubt),
-    appends the case to `tcp-<sink>.in-doubt` next to the marker, and says so."""
+    The send itself happens in a sender process of the sink's own (transforms/tcp_relay.py), which
+    finishes a batch it was handed even when this process is killed: a plain TCP receiver acknowledges
+    nothing, so a send cut in the middle could not be told apart from one that finished. Only a kill
+    of the sender process itself leaves a batch in doubt (the marker says "N sending M"): a replay
+    resends it or skips it (settings.tcp_in_doubt), appends the case to `tcp-<sink>.in-doubt` next to
+    the marker, and says so."""
 
     sink: TCPSink
 
     def __init__(self, sink: TCPSink, ctx: WriteContext):
         super().__init__(sink, ctx)
         self.address = ctx.tcp_addresses.get(sink.name)
-        self.conn = TCPConnection(self.address) if self.address else None
         self.marker = ctx.plan.checkpoint(ctx.settings) / f"tcp-{sink.name}.sent"
         self.in_doubt_log = self.marker.with_suffix(".in-doubt")
+        self.sender = TCPSender(self.address, self.marker, f"TCP sink {sink.name!r} ({ctx.plan.name})") if self.address else None
 
     def write(self, outputs: Outputs, batch_id: int) -> bool:
-        if self.conn is None:
+        if self.sender is None:
             return False
         chosen, _ = outputs.for_sink(self.sink)
         if not chosen:
@@ -366,7 +368,7 @@ class TCPSinkWriter(SinkWriter):
 
     def commit(self, staged: Staged, batch_id: int) -> bool:
         rows = staged.rows.get("tcp:" + self.sink.name)
-        if self.conn is None or rows is None or not rows.num_rows:
+        if self.sender is None or rows is None or not rows.num_rows:
             return False
         encoded = unordered(rows).column("bytes")
         sent = self._send_once(lambda: b"".join(encoded.to_pylist()), batch_id)
@@ -381,7 +383,7 @@ class TCPSinkWriter(SinkWriter):
         return (int(parts[0]) if parts else -1), (int(parts[2]) if len(parts) == 3 else None)
 
     def _send_once(self, encoded: Callable[[], bytes], batch_id: int) -> bool:
-        sink = self.sink
+        self.sender.start()  # returns once no earlier sender of the sink is left: the marker is final
         last, sending = self._read_marker()
         if last >= batch_id:
             return False
@@ -390,15 +392,11 @@ class TCPSinkWriter(SinkWriter):
             write_text_atomic(self.marker, str(batch_id))
             return False
         try:
-            self.conn.connect()  # nothing is sent yet: a failure here leaves nothing in doubt
-            write_text_atomic(self.marker, f"{last} sending {batch_id}")
-            self.conn.send(data)
+            self.sender.send(batch_id, last, data)
         except OSError as e:
-            self.conn.close()
             raise RuntimeError(
-                f"TCP sink {sink.name!r} could not write to {self.address}: {e}. Is the receiver listening?"
+                f"TCP sink {self.sink.name!r} could not write to {self.address}: {e}. Is the receiver listening?"
             ) from e
-        write_text_atomic(self.marker, str(batch_id))
         return True
 
     def _in_doubt(self, batch_id: int, size: int) -> str:
@@ -408,14 +406,14 @@ class TCPSinkWriter(SinkWriter):
             f.write(json.dumps(record) + "\n")
         what = "sent again: the receiver may get part of it twice" if action == "resend" else "skipped: the receiver may miss part of it"
         print(f"TCP sink {self.sink.name!r} ({self.ctx.plan.name}): batch {batch_id} ({size} bytes) was being sent when "
-              f"the process stopped, so the receiver may hold none, part or all of it; {what} "
+              f"its sender process stopped, so the receiver may hold none, part or all of it; {what} "
               f"(EVENTIDE_TCP_IN_DOUBT=resend|skip; recorded in {self.in_doubt_log})", file=sys.stderr, flush=True)
         self.ctx.report.tcp_in_doubt.append(batch_id)
         return action
 
     def close(self) -> None:
-        if self.conn is not None:
-            self.conn.close()
+        if self.sender is not None:
+            self.sender.close()
 
 
 QUARANTINE_KEYS = ("stream", "seq", "step")
@@ -540,25 +538,64 @@ def resolve_tcp_sinks(app: str, sinks, tcp_addresses: Mapping[str, str] | None =
     return resolved
 
 
-class TCPConnection:
-    """A TCP sink's connection, opened on first use and kept for the run."""
+class TCPSender:
+    """The query's side of a TCP sink's sender process (transforms/tcp_relay.py): started on first use
+    and kept for the run; `send` hands a batch over whole and returns once it is sent and marked."""
 
-    def __init__(self, address: str):
-        host, _, port = address.rpartition(":")
-        self.host, self.port = host or "127.0.0.1", int(port)
-        self.sock = None
+    STOP_SECONDS = 60.0  # a sender finishing a batch to a slow receiver (its socket times out at 30 s)
 
-    def connect(self) -> None:
-        import socket
+    def __init__(self, address: str, marker: Path, name: str):
+        self.address, self.marker, self.name = address, marker, name
+        self.proc: subprocess.Popen | None = None
 
-        if self.sock is None:
-            self.sock = socket.create_connection((self.host, self.port), timeout=30)
+    def start(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            return
+        import transforms
 
-    def send(self, data: bytes) -> None:
-        self.connect()
-        self.sock.sendall(data)
+        self.marker.parent.mkdir(parents=True, exist_ok=True)
+        root = str(Path(transforms.__file__).resolve().parents[1])
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+        # Its own session: a signal to the queries' process group (Ctrl-C) or a kill of that process
+        # does not stop a send half way.
+        self.proc = subprocess.Popen([sys.executable, "-m", "transforms.tcp_relay", str(self.marker), self.address],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, start_new_session=True)
+        while (line := self._reply()) != "ready":
+            if not line.startswith("waiting "):
+                raise RuntimeError(f"{self.name}: its sender process did not start (exit code {self.proc.poll()})")
+            print(f"{self.name}: waiting for the previous sender (pid {line.split()[1]}) to finish its batch",
+                  file=sys.stderr, flush=True)
+
+    def _reply(self) -> str:
+        return self.proc.stdout.readline().decode().strip()
+
+    def send(self, batch_id: int, last: int, data: bytes) -> None:
+        try:
+            self.proc.stdin.write(b"%d %d %d\n" % (batch_id, last, len(data)))
+            self.proc.stdin.write(data)
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            pass  # the reply below says what happened to the sender
+        reply = self._reply()
+        if reply == f"sent {batch_id}":
+            return
+        if reply.startswith("error "):
+            raise OSError(reply[len("error "):])
+        proc = self.proc
+        self.close()
+        raise OSError(f"its sender process stopped (exit code {proc.returncode})")
 
     def close(self) -> None:
-        if self.sock is not None:
-            self.sock.close()
-            self.sock = None
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        try:
+            proc.stdin.close()  # the end of its input: it exits once its batch is sent
+        except BrokenPipeError:
+            pass
+        try:
+            proc.wait(self.STOP_SECONDS)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()

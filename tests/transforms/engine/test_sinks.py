@@ -2,9 +2,15 @@
 handing a micro-batch to the sink writers (quarantine first)."""
 
 import json
+import os
 import pickle
+import signal
 import socket
+import subprocess
+import sys
 import threading
+import time
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -143,10 +149,6 @@ def test_a_failing_sink_never_loses_the_quarantined_messages(tmp_path, write_pat
     assert [r["seq"] for r in lake.read(settings.table_path(QUARANTINE_TABLE)).to_pylist()] == [1]
 
 
-class _Killed(BaseException):
-    """The process dying mid-send: not an error the writer handles."""
-
-
 def _tcp_settings(tmp_path, **settings) -> Settings:
     return Settings(home=tmp_path / "home", app_registry=registry_of([_app(TCPSink("lines", as_line))]), **settings)
 
@@ -161,8 +163,52 @@ def _tcp_writer(tmp_path, address: str, **settings):
     return TCPSinkWriter(sink, WriteContext(plan, s, report, {"lines": address})), report
 
 
+# Far more than loopback's socket buffers hold: with the receiver not reading, the send blocks half way.
+BIG_BATCH = b"".join(b"line%07d\n" % i for i in range(2_000_000))
+
+
+def _wait_for_marker(marker, text: str) -> None:
+    deadline = time.monotonic() + 30
+    while not (marker.exists() and marker.read_text() == text):
+        assert time.monotonic() < deadline, f"the marker never said {text!r}"
+        time.sleep(0.02)
+
+
+SEND_IN_A_CHILD = """
+import sys
+from pathlib import Path
+from tests.transforms.engine.test_sinks import BIG_BATCH, _tcp_writer
+writer, _ = _tcp_writer(Path(sys.argv[1]), sys.argv[2])
+writer._send_once(lambda: BIG_BATCH, 0)
+"""
+
+
+def test_a_kill_of_the_process_running_the_query_mid_send_never_cuts_a_tcp_batch(tmp_path):
+    """`kill -9` of the query's whole process group while a batch is half sent: the sink's sender
+    process finishes it, so the restarted writer finds it sent, and the receiver holds it once."""
+    from tests.tcp import Receiver
+
+    receiver = Receiver()
+    receiver.reading.clear()
+    root = Path(__file__).resolve().parents[3]
+    child = subprocess.Popen([sys.executable, "-c", SEND_IN_A_CHILD, str(tmp_path), receiver.address], cwd=root,
+                             start_new_session=True)  # its own group, so killpg below reaches only it and its children
+    writer, report = _tcp_writer(tmp_path, receiver.address)
+    try:
+        _wait_for_marker(writer.marker, "-1 sending 0")
+        time.sleep(0.3)  # the sender is blocked in the middle of the batch
+        os.killpg(child.pid, signal.SIGKILL)
+        assert child.wait(10) == -signal.SIGKILL
+    finally:
+        receiver.reading.set()
+    assert writer._send_once(lambda: BIG_BATCH, 0) is False  # the replay: already sent, not again
+    writer.close()
+    assert receiver.all_bytes() == BIG_BATCH
+    assert writer.marker.read_text() == "0" and report.tcp_in_doubt == [] and not writer.in_doubt_log.exists()
+
+
 @pytest.mark.parametrize("policy", ["resend", "skip"])
-def test_a_tcp_batch_cut_by_a_stop_mid_send_is_in_doubt_resent_or_skipped_and_recorded(tmp_path, capsys, policy):
+def test_a_tcp_batch_cut_by_a_kill_of_its_sender_is_in_doubt_resent_or_skipped_and_recorded(tmp_path, capsys, policy):
     from orchestration.status import compute_status, format_status
     from tests.tcp import Receiver
 
@@ -170,28 +216,33 @@ def test_a_tcp_batch_cut_by_a_stop_mid_send_is_in_doubt_resent_or_skipped_and_re
     writer, _ = _tcp_writer(tmp_path, receiver.address, tcp_in_doubt=policy)
     assert writer._send_once(lambda: b"a\n", 0) and not writer._send_once(lambda: b"a\n", 0)  # a replay: not again
 
-    real_send = writer.conn.send
+    receiver.reading.clear()
+    failed = []
+    sending = threading.Thread(target=lambda: failed.append(pytest.raises(RuntimeError, writer._send_once, lambda: BIG_BATCH, 1)))
+    sending.start()
+    _wait_for_marker(writer.marker, "0 sending 1")
+    time.sleep(0.3)
+    os.kill(writer.sender.proc.pid, signal.SIGKILL)  # the sender itself dies half way through the batch
+    receiver.reading.set()
+    sending.join(30)
+    assert "its sender process stopped" in str(failed[0].value)
 
-    def killed_after_half(data):
-        real_send(data[: len(data) // 2])
-        raise _Killed
-
-    writer.conn.send = killed_after_half
-    with pytest.raises(_Killed):
-        writer._send_once(lambda: b"b1\nb2\n", 1)
-    writer.conn.close()
-
-    again, report = _tcp_writer(tmp_path, receiver.address, tcp_in_doubt=policy)  # the restarted process
-    assert again._send_once(lambda: b"b1\nb2\n", 1) is (policy == "resend")
-    assert again._send_once(lambda: b"c\n", 2) and not again._send_once(lambda: b"b1\nb2\n", 1)
+    again, report = _tcp_writer(tmp_path, receiver.address, tcp_in_doubt=policy)  # the restarted query
+    assert again._send_once(lambda: BIG_BATCH, 1) is (policy == "resend")
+    assert again._send_once(lambda: b"c\n", 2) and not again._send_once(lambda: BIG_BATCH, 1)
     again.close()
+    writer.close()
     received = receiver.all_bytes()
-    assert received == (b"a\nb1\nb1\nb2\nc\n" if policy == "resend" else b"a\nb1\nc\n")
+    tail = (BIG_BATCH if policy == "resend" else b"") + b"c\n"
+    assert received.startswith(b"a\n") and received.endswith(tail)
+    part = received[2:len(received) - len(tail)]
+    assert 0 < len(part) < len(BIG_BATCH) and BIG_BATCH.startswith(part)  # a part of batch 1 got there before
     assert report.tcp_in_doubt == [1]
     err = capsys.readouterr().err
-    assert "batch 1 (6 bytes) was being sent when the process stopped" in err and "EVENTIDE_TCP_IN_DOUBT" in err
+    assert f"batch 1 ({len(BIG_BATCH)} bytes) was being sent when its sender process stopped" in err
+    assert "EVENTIDE_TCP_IN_DOUBT" in err
     (record,) = [json.loads(line) for line in again.in_doubt_log.read_text().splitlines()]
-    assert record["batch"] == 1 and record["action"] == policy and record["bytes"] == 6
+    assert record["batch"] == 1 and record["action"] == policy and record["bytes"] == len(BIG_BATCH)
     status = compute_status(_tcp_settings(tmp_path))
     assert [q.tcp_in_doubt for q in status.queries if q.tcp_in_doubt] == [{"lines": 1}]
     assert "y, TCP sink lines: 1 batch(es), listed in" in format_status(status)
