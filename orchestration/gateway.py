@@ -39,7 +39,7 @@ from transforms.settings import ConfigError, Settings
 
 log = logging.getLogger(__name__)
 
-ROTATE_INTERVAL_SECONDS = 0.1
+ROTATE_INTERVAL_SECONDS = 0.02  # segments close by age or when quiet (landing.Lander.rotate_due)
 STATE_FILE = "gateway.json"
 
 

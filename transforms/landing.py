@@ -143,6 +143,7 @@ class _OpenSegment:
     file: object
     opened_at: float
     first_seq: int
+    last_append_at: float = 0.0
     rows: list[tuple] = field(default_factory=list)
     size: int = 0
 
@@ -171,6 +172,7 @@ class Lander:
         self._lock_file.write(str(os.getpid()))
         self._lock_file.flush()
         self._open: dict[str, _OpenSegment] = {}
+        self._closed_at: dict[str, float] = {}  # when each log's last segment closed (clock time)
         self.segments_closed = 0
         self.messages_landed = 0
         try:
@@ -226,6 +228,7 @@ class Lander:
         seg.file.write(rec)
         seg.rows.append((stream, seq, recv_us, connection, payload, error))
         seg.size += len(rec)
+        seg.last_append_at = recv_us / 1_000_000
         self.messages_landed += 1
         if seg.size >= self.settings.segment_max_bytes:
             self._close_segment(group)
@@ -237,12 +240,19 @@ class Lander:
             seg.file.flush()
 
     def rotate_due(self) -> int:
-        """Close segments older than segment_max_seconds. Returns how many were closed."""
-        now = self.clock()
-        due = [g for g, s in self._open.items() if now - s.opened_at >= self.settings.segment_max_seconds]
-        for g in due:
+        """Close segments older than segment_max_seconds, or quiet for segment_quiet_seconds when no
+        segment of their log closed within segment_max_seconds. Returns how many were closed."""
+        now, limit, quiet = self.clock(), self.settings.segment_max_seconds, self.settings.segment_quiet_seconds
+
+        def due(g: str, s: _OpenSegment) -> bool:
+            if now - s.opened_at >= limit:
+                return True
+            return quiet > 0 and now - s.last_append_at >= quiet and now - self._closed_at.get(g, float("-inf")) >= limit
+
+        closing = [g for g, s in self._open.items() if due(g, s)]
+        for g in closing:
             self._close_segment(g)
-        return len(due)
+        return len(closing)
 
     def flush(self) -> None:
         """Close every open segment, making all landed messages visible to the pipelines."""
@@ -280,6 +290,7 @@ class Lander:
 
     def _close_segment(self, group: str) -> None:
         seg = self._open.pop(group)
+        self._closed_at[group] = self.clock()
         seg.file.flush()
         os.fsync(seg.file.fileno())
         seg.file.close()

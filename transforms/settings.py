@@ -71,6 +71,10 @@ class Settings:
     segment_max_bytes: int = 8 << 20
     # A segment closes (becomes visible to the queries) this long after its first message at most.
     segment_max_seconds: float = 0.25
+    # ... and sooner once its stream has been quiet this long (a burst is visible at once), if no other
+    # segment of its log closed in the last segment_max_seconds: at most one segment per log per
+    # segment_max_seconds either way. 0 = close by age only.
+    segment_quiet_seconds: float = 0.05
     # Pipelines
     marker: str = "END_OF_DAY"
     fail_fast: bool = False

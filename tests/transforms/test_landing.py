@@ -98,7 +98,7 @@ def test_rotation_by_size_keeps_sequence_contiguous(tmp_path):
 
 
 def test_rotation_by_time(tmp_path):
-    settings = Settings(home=tmp_path, segment_max_seconds=0.5)
+    settings = Settings(home=tmp_path, segment_max_seconds=0.5, segment_quiet_seconds=0)
     clock = FakeClock()
     with Lander(settings, clock=clock) as lander:
         lander.append("logs", b"a")
@@ -108,6 +108,31 @@ def test_rotation_by_time(tmp_path):
         assert lander.rotate_due() == 1
         assert [r["payload"] for r in rows(settings, "logs")] == [b"a"]
         assert lander.rotate_due() == 0  # no open segment until the next append
+
+
+def test_a_quiet_stream_closes_its_segment_early_but_at_most_one_per_max_seconds(tmp_path):
+    settings = Settings(home=tmp_path, segment_max_seconds=0.5, segment_quiet_seconds=0.05)
+    clock = FakeClock()
+    with Lander(settings, clock=clock) as lander:
+        lander.append("logs", b"a")  # a burst, then quiet
+        clock.now += 0.04
+        lander.append("logs", b"b")
+        clock.now += 0.04
+        assert lander.rotate_due() == 0  # quiet for 0.04 s only
+        clock.now += 0.02
+        assert lander.rotate_due() == 1  # quiet for 0.06 s: visible 0.1 s after the first message
+        assert [r["payload"] for r in rows(settings, "logs")] == [b"a", b"b"]
+        lander.append("logs", b"c")  # the next burst, 0.1 s after that close
+        clock.now += 0.3
+        assert lander.rotate_due() == 0  # quiet, but the log's last segment closed only 0.3 s ago
+        clock.now += 0.2
+        assert lander.rotate_due() == 1
+        for i in range(20):  # a steady stream, never quiet: closed by age, as before
+            lander.append("logs", b"s%d" % i)
+            clock.now += 0.03
+            lander.rotate_due()
+        assert lander.segments_closed == 3
+    assert [r["payload"] for r in rows(settings, "logs")] == [b"a", b"b", b"c", *(b"s%d" % i for i in range(20))]
 
 
 def test_stream_groups_share_one_folder_and_one_sequence(settings):
