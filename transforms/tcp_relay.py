@@ -80,7 +80,7 @@ def serve(marker: Path, address: str, stdin=None) -> None:
             if conn is None:  # nothing is sent yet: a failure here leaves nothing in doubt
                 conn = socket.create_connection((host or "127.0.0.1", int(port)), timeout=CONNECT_TIMEOUT_SECONDS)
         except OSError as e:
-            _reply(f"error {e}")
+            _reply(f"error {e}. Is the receiver listening?")
             continue
         write_text_atomic(marker, f"{last} sending {batch}")
         try:

@@ -394,9 +394,7 @@ class TCPSinkWriter(SinkWriter):
         try:
             self.sender.send(batch_id, last, data)
         except OSError as e:
-            raise RuntimeError(
-                f"TCP sink {self.sink.name!r} could not write to {self.address}: {e}. Is the receiver listening?"
-            ) from e
+            raise RuntimeError(f"TCP sink {self.sink.name!r} could not write to {self.address}: {e}") from e
         return True
 
     def _in_doubt(self, batch_id: int, size: int) -> str:
