@@ -19,6 +19,7 @@ from tests.orchestration.test_serve import (
     EVENTIDE,
     NBBO,
     START_SECONDS,
+    _drain,
     _env,
     _free_port,
     _rows,
@@ -83,11 +84,13 @@ def test_serve_next_to_the_ui_shows_the_tables_live(tmp_path):
         assert ticks, _sensor_ticks(ui_port)
         assert all(status == "SKIPPED" for status, _ in _sensor_ticks(ui_port)), _sensor_ticks(ui_port)
     finally:
-        code = service.stop(signal.SIGTERM)
+        code = service.stop(signal.SIGINT)  # Ctrl-C in serve's terminal: the same clean stop as SIGTERM
         os.killpg(ui.pid, signal.SIGKILL)
         ui.wait()
         receiver.close()
     assert code == 0, service.output
+    out = "\n".join(service.output + _drain(service))
+    assert "stopping the queries" in out and "eventide serve stopped" in out
     assert len(_rows(home, MARKET_STATE_TABLE)) == 350
 
 
