@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import select
 import socket
 import sys
 from pathlib import Path
@@ -25,6 +26,7 @@ from pathlib import Path
 from transforms.files import write_text_atomic
 
 CONNECT_TIMEOUT_SECONDS = 30
+LOCK_POLL_SECONDS = 0.05
 
 
 def lock_path(marker: Path) -> Path:
@@ -50,14 +52,23 @@ def _read_exact(stream, size: int) -> bytes | None:
     return b"".join(chunks)
 
 
-def _take_lock(marker: Path):
+def _take_lock(marker: Path, stdin):
+    """The sink's lock, once the previous sender is gone; None if our parent went away meanwhile."""
     lock = open(lock_path(marker), "a+")  # noqa: SIM115 - held until this process exits
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        lock.seek(0)
-        _reply(f"waiting {lock.read().strip() or '?'}")
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    said = False
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if not said:
+                lock.seek(0)
+                _reply(f"waiting {lock.read().strip() or '?'}")
+                said = True
+        # The parent sends nothing before "ready": input now means it closed, so stop waiting.
+        if select.select([stdin], [], [], LOCK_POLL_SECONDS)[0] and not stdin.peek(1):
+            lock.close()
+            return None
     lock.seek(0)
     lock.truncate()
     lock.write(str(os.getpid()))
@@ -68,7 +79,9 @@ def _take_lock(marker: Path):
 def serve(marker: Path, address: str, stdin=None) -> None:
     stdin = stdin or sys.stdin.buffer
     host, _, port = address.rpartition(":")
-    lock = _take_lock(marker)  # noqa: F841 - kept open (and locked) for the life of the process
+    lock = _take_lock(marker, stdin)  # kept open (and locked) for the life of the process
+    if lock is None:
+        return
     _reply("ready")
     conn = None
     while header := stdin.readline():

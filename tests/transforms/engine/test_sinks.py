@@ -261,3 +261,31 @@ def test_a_tcp_receiver_that_is_not_listening_leaves_nothing_in_doubt(tmp_path):
     assert writer._send_once(lambda: b"a\n", 0)
     writer.close()
     assert receiver.all_bytes() == b"a\n" and report.tcp_in_doubt == [] and not writer.in_doubt_log.exists()
+
+
+def test_a_tcp_sender_waits_for_the_previous_one_and_gives_up_when_its_query_goes(tmp_path, capsys):
+    """The sink's lock is held (by a previous sender still finishing a batch): a new sender says whom
+    it waits for and starts once the lock is free; one whose query went away meanwhile just exits."""
+    import fcntl
+
+    from tests.tcp import Receiver
+    from transforms.tcp_relay import lock_path
+
+    receiver = Receiver()
+    writer, _ = _tcp_writer(tmp_path, receiver.address)
+    writer.marker.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path(writer.marker), "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        held.write("4242")
+        held.flush()
+        orphan = subprocess.Popen([sys.executable, "-m", "transforms.tcp_relay", str(writer.marker), receiver.address],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=Path(__file__).resolve().parents[3])
+        assert orphan.stdout.readline() == b"waiting 4242\n"
+        orphan.stdin.close()  # its query is gone: it stops waiting
+        assert orphan.wait(5) == 0 and orphan.stdout.read() == b""
+
+        threading.Timer(0.5, lambda: fcntl.flock(held, fcntl.LOCK_UN)).start()
+        assert writer._send_once(lambda: b"a\n", 0)  # waits, then sends
+    writer.close()
+    assert receiver.all_bytes() == b"a\n"
+    assert "waiting for the previous sender (pid 4242) to finish its batch" in capsys.readouterr().err
