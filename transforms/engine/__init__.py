@@ -11,7 +11,8 @@ One query per pipeline (or merged group of pipelines). The modules follow a mess
                          computation, the key's state objects held in RocksDB
       sinks.py           foreachBatch: quarantine rows first, then one writer per sink: Delta (each
                          commit carries the app transaction (query, batch id), checked before writing),
-                         TCP (a marker file per sink)
+                         TCP (a marker file per sink; the bytes go out through the sink's own
+                         sender process, transforms/tcp_relay.py, so a kill never cuts a batch)
     envelope.py      the rows between the stages, and how user code is called
 
 Every row between stages is an envelope: sequence, part (position among the outputs of one input
