@@ -29,7 +29,7 @@ JSON (`--format json`): one object, keys in this order (`null` where there is no
                   "lag_seconds": float (now - receive time of the oldest of them; 0.0 when none),
                   "oldest_unprocessed": ISO-8601 UTC|null,
                   "held_by": {"pid": int, "command": str, "since": str}|null,
-                  "tcp_in_doubt": {sink: int} (TCP batches found in doubt after a stop mid-send)}]}
+                  "tcp_in_doubt": {sink: int} (TCP batches found in doubt: a sink's sender process stopped mid-send)}]}
 """
 
 from __future__ import annotations
@@ -280,7 +280,7 @@ def format_status(status: Status, fmt: str = "table") -> str:
     doubts = [f"  {q.query}, TCP sink {sink}: {n} batch(es), listed in {q.checkpoint}/tcp-{sink}.in-doubt"
               for q in status.queries for sink, n in q.tcp_in_doubt.items()]
     if doubts:
-        lines += ["", "TCP batches in doubt (the process stopped while sending them; EVENTIDE_TCP_IN_DOUBT "
+        lines += ["", "TCP batches in doubt (their sender process stopped while sending them; EVENTIDE_TCP_IN_DOUBT "
                       "says whether they were sent again or skipped):", *doubts]
     lines.append("")
     lines.append("OPEN: landed, not yet in a closed segment (not visible to queries). "

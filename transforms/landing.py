@@ -143,7 +143,6 @@ class _OpenSegment:
     file: object
     opened_at: float
     first_seq: int
-    last_append_at: float = 0.0
     rows: list[tuple] = field(default_factory=list)
     size: int = 0
 
@@ -228,7 +227,6 @@ class Lander:
         seg.file.write(rec)
         seg.rows.append((stream, seq, recv_us, connection, payload, error))
         seg.size += len(rec)
-        seg.last_append_at = recv_us / 1_000_000
         self.messages_landed += 1
         if seg.size >= self.settings.segment_max_bytes:
             self._close_segment(group)
@@ -247,7 +245,8 @@ class Lander:
         def due(g: str, s: _OpenSegment) -> bool:
             if now - s.opened_at >= limit:
                 return True
-            return quiet > 0 and now - s.last_append_at >= quiet and now - self._closed_at.get(g, float("-inf")) >= limit
+            last_append = s.rows[-1][2] / 1_000_000 if s.rows else s.opened_at  # the last row's receive time
+            return quiet > 0 and now - last_append >= quiet and now - self._closed_at.get(g, float("-inf")) >= limit
 
         closing = [g for g, s in self._open.items() if due(g, s)]
         for g in closing:

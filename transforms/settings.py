@@ -57,8 +57,8 @@ class Settings:
     # "bucket" (keys hashed into buckets, one Spark group per bucket per batch) or "key" (one group
     # per key: the reference form, kept for the equality tests and the benchmark). Timers use "key".
     state_layout: str = "bucket"
-    # A TCP sink's batch "in doubt": the process stopped while sending it, so the receiver may hold
-    # none, part or all of it. "resend" (no output lost; some may arrive twice) or "skip" (none twice;
+    # A TCP sink's batch "in doubt": its sender process (transforms/tcp_relay.py) stopped while sending
+    # it, so the receiver may hold none, part or all of it. "resend" (no output lost; some may arrive twice) or "skip" (none twice;
     # some may be lost). Either way the batch is recorded next to the checkpoint and reported.
     tcp_in_doubt: str = "resend"
     # Gateway
