@@ -2,6 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
+JARS_STAMP := $(VENV)/jars/.stamp
 BENCH_STAMP := $(VENV)/.bench-stamp
 export JAVA_HOME ?= /usr/lib/jvm/java-17-openjdk-amd64
 export SPARK_LOCAL_IP ?= 127.0.0.1
@@ -14,7 +15,16 @@ $(STAMP): pyproject.toml
 	@$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]'
 	@touch $(STAMP)
 
-setup: $(STAMP)
+# The JVM libraries of jvm/pom.xml (delta-spark, Spark's Kafka connector) from Maven Central, once,
+# into $(VENV)/jars; runs and tests then reach no Maven repository.
+$(JARS_STAMP): jvm/pom.xml $(STAMP)
+	@echo "resolving the Delta and Kafka jars (jvm/pom.xml) into $(VENV)/jars"
+	@rm -rf $(VENV)/jars
+	@mvn -q -B -f jvm/pom.xml dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(abspath $(VENV))/jars
+	@$(PY) -c "from pathlib import Path; from transforms.lake.session import prune_jars; prune_jars(Path('$(VENV)/jars'))"
+	@touch $(JARS_STAMP)
+
+setup: $(STAMP) $(JARS_STAMP)
 
 # The benchmarks' extra (Bytewax, for bench/peers.py): installed by `make bench` only.
 $(BENCH_STAMP): pyproject.toml $(STAMP)

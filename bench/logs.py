@@ -351,12 +351,10 @@ def profile_python_stages(settings: Settings, max_rows: int = STAGE_PROFILE_LINE
     the pre stage runs on both cores while the state step and the writer run on one.
 
     Uses engine entry points that change while the engine is optimized: a failure is reported, not raised."""
-    import dataclasses
 
     try:
         from examples.logs import log_app
         from transforms import engine
-        from transforms.engine.staging import InProcessBatch
         from transforms.streams import bronze_application
 
         tables, rows = [], 0
@@ -368,8 +366,6 @@ def profile_python_stages(settings: Settings, max_rows: int = STAGE_PROFILE_LINE
         landed = pa.concat_tables(tables).slice(0, max_rows)
         batches = landed.to_batches(max_chunksize=10_000)  # Spark's default Arrow batch size for Python UDFs
         per_m = 1e6 / landed.num_rows
-        # Not the real tables; the driver-side writer (a direct plan stages inside its own Spark stage).
-        scratch = dataclasses.replace(settings, home=settings.home / "stage-profile", write_path="driver")
 
         def timed(fn):
             started = time.perf_counter()
@@ -391,8 +387,13 @@ def profile_python_stages(settings: Settings, max_rows: int = STAGE_PROFILE_LINE
                     lambda p=processor, f=frame, k=key: _concat_frames(p.handleInputRows((k,), iter([f]), _FakeTimerValues())))
                 staged = pa.Table.from_pandas(outputs, schema=engine.ENVELOPE, preserve_index=False)
                 out[f"{name}_state_step_outputs"] = staged.num_rows
-            writer = engine.BatchWriter(plan, scratch, engine.RunReport(plan.name), {})
-            _, out[f"{name}_batch_writer_s_per_m"] = timed(lambda w=writer, t=staged: w(InProcessBatch(t), 0))
+            if not plan.keyed:  # the sink rows of an object-producing plan (a direct plan has none: Spark casts)
+                continue
+            from transforms.engine.sink_rows import Outputs, of_kind, outputs_to_table
+
+            outs = Outputs(of_kind(staged, staged.column("kind"), "out"))
+            _, out[f"{name}_sink_rows_s_per_m"] = timed(
+                lambda o=outs, p=plan: [outputs_to_table(s, *o.for_sink(s)) for s in p.sinks if hasattr(s, "table")])
         return out
     except Exception as e:  # the profile is an extra: the benchmark goes on
         return {"error": f"{type(e).__name__}: {e}"}
@@ -475,8 +476,10 @@ def _time_range_backfill(settings: Settings, first: dt.date, days: int) -> dict:
     counts = {}
     for name, one_run in (("per_day_runs", False), ("one_run", True)):
         progress(f"  backfill of {days} days, {name.replace('_', ' ')} ...")
-        lake.replace_where(settings.table_path(SUMMARY_TABLE), SUMMARY_SCHEMA.empty_table(), f"day <= '{last}'",
-                           partition_by=["day"])
+        from transforms.spark import get_spark
+
+        lake.replace_where(get_spark(settings).createDataFrame(SUMMARY_SCHEMA.empty_table()),
+                           settings.table_path(SUMMARY_TABLE), f"day <= '{last}'", partition_by=["day"])
         started = time.perf_counter()
         if backfill(settings, first.isoformat(), last, progress=lambda m: None, one_run=one_run):
             raise RuntimeError(f"backfill of {days} days ({name}) failed")

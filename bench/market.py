@@ -76,10 +76,13 @@ def python_loop(settings: Settings, write_delta_to: Path | None = None):
         state_rows = [dict(dataclasses.asdict(q), seq=seqs[last_seq[s]], receive_time=times[last_seq[s]])
                       for s, q in quotes.items()]
         rej_rows = [dict(dataclasses.asdict(r), seq=m[0], receive_time=m[1]) for r, m in zip(rejections, order_meta)]
-        lake.append_once(write_delta_to / MARKET_STATE_TABLE, pa.Table.from_pylist(state_rows, schema=MARKET_STATE_SCHEMA),
-                         "loop", 0)
-        lake.append_once(write_delta_to / ORDER_REJECTIONS_TABLE,
-                         pa.Table.from_pylist(rej_rows, schema=ORDER_REJECTIONS_SCHEMA), "loop", 0)
+        # The loop writes its results as Parquet files: what a hand-written program would do without a lake.
+        import pyarrow.parquet as pq
+
+        write_delta_to.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.Table.from_pylist(state_rows, schema=MARKET_STATE_SCHEMA), write_delta_to / f"{MARKET_STATE_TABLE}.parquet")
+        pq.write_table(pa.Table.from_pylist(rej_rows, schema=ORDER_REJECTIONS_SCHEMA),
+                       write_delta_to / f"{ORDER_REJECTIONS_TABLE}.parquet")
     return quotes, rejections
 
 

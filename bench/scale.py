@@ -1,8 +1,7 @@
 """Scale-out benchmark: where a micro-batch's rows are written, and what that costs the driver.
 
-- Bronze ingestion (the same landed log lines) with executor-side writes (each task writes its
-  Parquet files, the driver commits them) next to the driver-side path (the whole batch collected to
-  the driver and written there with delta-rs): rows per second and the ratio, tables compared.
+- Bronze ingestion (the same landed log lines) through Spark's Delta writer (delta-spark): rows per
+  second, table counted.
 - Driver peak memory against input size: a backlog (generated logs at two sizes, and the market
   stream) processed by a child process with the driver's JVM limited (`EVENTIDE_SPARK_DRIVER_MEMORY`,
   1g), sampling the resident memory of the driver's Python process and of its JVM (which in
@@ -86,11 +85,11 @@ def _rss_and_kind(pid: int) -> tuple[int, str]:
     return rss, "other"
 
 
-def run_backlog(home: Path, apps: str, write_path: str, driver_memory: str) -> dict:
+def run_backlog(home: Path, apps: str, driver_memory: str) -> dict:
     """The child over `home`'s landing, sampled every 0.2 s: seconds, peak RSS per kind, its result."""
     gc_logs = home / "gc"
     gc_logs.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "EVENTIDE_WRITE_PATH": write_path, "EVENTIDE_SPARK_DRIVER_MEMORY": driver_memory,
+    env = {**os.environ, "EVENTIDE_SPARK_DRIVER_MEMORY": driver_memory,
            "EVENTIDE_HOME": str(home), "EVENTIDE_APPS": apps,
            # The JVM's heap before each collection: the driver's real peak, which its RSS only bounds.
            "JAVA_TOOL_OPTIONS": f"-Xlog:gc:file={gc_logs}/gc-%p.log"}
@@ -152,7 +151,7 @@ def land_market(home: Path, messages: int) -> None:
                                              unknown_share=0.0))
 
 
-# -- bronze: executor-side against driver-side writes -----------------------------------------------------
+# -- bronze through delta-spark ------------------------------------------------------------------------------
 def bench_bronze_paths(out: dict, lines: int, repeats: int) -> None:
     from bench.engine import DATA, _land
     from transforms.engine import run_application
@@ -166,11 +165,11 @@ def bench_bronze_paths(out: dict, lines: int, repeats: int) -> None:
         base = Settings(home=tmp / "landed")
         _land(base, "logs", payloads, lines)
         spark = get_spark(base)
-        seconds: dict[str, list[float]] = {"executor": [], "driver": []}
+        seconds: dict[str, list[float]] = {"delta_spark": []}
         counts = {}
         for i in range(repeats + 1):  # the first round warms the Python workers up, untimed
-            for path in ("executor", "driver"):
-                settings = dataclasses.replace(base, home=tmp / f"{path}-{i}", write_path=path)
+            for path in seconds:
+                settings = dataclasses.replace(base, home=tmp / f"{path}-{i}")
                 shutil.copytree(base.landing, settings.landing)
                 started = time.perf_counter()
                 run_application(spark, bronze_application("logs"), settings)
@@ -178,25 +177,22 @@ def bench_bronze_paths(out: dict, lines: int, repeats: int) -> None:
                     seconds[path].append(time.perf_counter() - started)
                 counts[path] = lake.count(settings.table_path("bronze_log_lines"))
                 shutil.rmtree(settings.home)
-        assert counts["executor"] == counts["driver"] == lines, counts
+        assert counts["delta_spark"] == lines, counts
         for path, s in seconds.items():
             s.sort()
             out[f"bronze_{path}_rows_per_s"] = round(lines / s[len(s) // 2])
             out[f"bronze_{path}_seconds_median_min_max"] = [round(s[len(s) // 2], 2), round(s[0], 2), round(s[-1], 2)]
         out["bronze_lines"] = lines
-        out["bronze_executor_vs_driver_ratio"] = round(out["bronze_executor_rows_per_s"] / out["bronze_driver_rows_per_s"], 2)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
 def bench_scale(out: dict, log_sizes=(1_000_000, 4_000_000), market_messages: int = 1_000_000,
-                bronze_lines: int = 500_000, repeats: int = 3, driver_memory: str = "1g",
-                driver_path_sizes=(1_000_000, 4_000_000)) -> dict:
-    progress(f"bronze, {bronze_lines:,} lines, executor-side and driver-side writes, {repeats} repeats ...")
+                bronze_lines: int = 500_000, repeats: int = 3, driver_memory: str = "1g") -> dict:
+    progress(f"bronze, {bronze_lines:,} lines, {repeats} repeats ...")
     bench_bronze_paths(out, bronze_lines, repeats)
     out["driver_memory_limit"] = driver_memory
-    runs = [("logs", n, "executor") for n in log_sizes] + [("market", market_messages, "executor")]
-    runs += [("logs", n, "driver") for n in driver_path_sizes]
+    runs = [("logs", n, "delta_spark") for n in log_sizes] + [("market", market_messages, "delta_spark")]
     for workload, size, path in runs:
         tmp = Path(tempfile.mkdtemp(prefix=f"eventide-bench-scale-{workload}-"))
         try:
@@ -207,8 +203,8 @@ def bench_scale(out: dict, log_sizes=(1_000_000, 4_000_000), market_messages: in
             else:
                 land_market(tmp, size)
                 apps = "examples.market:app"
-            progress(f"{workload}, {size:,} messages, {path}-side writes, driver limited to {driver_memory} ...")
-            result = run_backlog(tmp, apps, path, driver_memory)
+            progress(f"{workload}, {size:,} messages, driver limited to {driver_memory} ...")
+            result = run_backlog(tmp, apps, driver_memory)
             progress(f"  {json.dumps(result)}")
             out[f"{workload}_{size}_{path}"] = result
         finally:
@@ -226,8 +222,7 @@ def main(argv=None) -> int:
         return 0
     out: dict = {}
     if args.quick:
-        bench_scale(out, log_sizes=(50_000,), market_messages=50_000, bronze_lines=50_000, repeats=1,
-                    driver_path_sizes=(50_000,))
+        bench_scale(out, log_sizes=(50_000,), market_messages=50_000, bronze_lines=50_000, repeats=1)
     else:
         bench_scale(out)
     print(json.dumps(out, indent=2))

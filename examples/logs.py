@@ -170,40 +170,66 @@ def _as_summary(table: pa.Table) -> pa.Table:
     return table.select(SUMMARY_SCHEMA.names).cast(SUMMARY_SCHEMA) if table.num_rows else SUMMARY_SCHEMA.empty_table()
 
 
-def _day_counts(path, day: str | dt.date, count: str, where: str = "") -> pa.Table:
-    """(day, status, count) of one day from a Delta table; empty if the table does not exist yet."""
-    if not lake.exists(path):
+def _spark(settings: Settings):
+    from transforms.spark import get_spark
+
+    return get_spark(settings)
+
+
+def _table(settings: Settings, name: str):
+    """A Delta table as Spark reads it (a filter on `day` skips the files whose statistics rule it out)."""
+    return _spark(settings).read.format("delta").load(str(settings.table_path(name).absolute()))
+
+
+def _day_counts(settings: Settings, name: str, day: str | dt.date, count, lines_only: bool = False) -> pa.Table:
+    """(day, status, count) of one day from a Delta table, by Spark; empty if the table does not exist yet."""
+    from pyspark.sql import functions as F
+
+    if not lake.exists(settings.table_path(name)):
         return SUMMARY_SCHEMA.empty_table()
-    sql = f"select day, status, {count} as count from t where {where}{_day_sql(parse_day(day))} group by day, status order by status"
-    return _as_summary(lake.query(sql, t=path))
+    rows = _table(settings, name).where(F.col("day") == F.lit(parse_day(day)))
+    if lines_only:
+        rows = rows.where(F.col("kind") == "line")
+    return _as_summary(rows.groupBy("day", "status").agg(count.alias("count")).orderBy("status").toArrow())
 
 
 def summary_from_bronze(settings: Settings, day: str | dt.date) -> pa.Table:
     """The recompute: every decoded line of the day in bronze, counted by status."""
-    return _day_counts(settings.table_path(BRONZE_TABLE), day, "count(*)", "kind = 'line' and ")
+    from pyspark.sql import functions as F
+
+    return _day_counts(settings, BRONZE_TABLE, day, F.count(F.lit(1)), lines_only=True)
 
 
 def summary_from_windows(settings: Settings, day: str | dt.date) -> pa.Table:
     """The day's counts summed over its closed windows."""
-    return _day_counts(settings.table_path(WINDOWS_TABLE), day, "sum(count)")
+    from pyspark.sql import functions as F
+
+    return _day_counts(settings, WINDOWS_TABLE, day, F.sum("count"))
+
+
+def _bronze_lines(settings: Settings, day: str | dt.date):
+    from pyspark.sql import functions as F
+
+    return _table(settings, BRONZE_TABLE).where((F.col("kind") == "line") & (F.col("day") == F.lit(parse_day(day))))
 
 
 def bronze_line_count(settings: Settings, day: str | dt.date) -> int:
-    return lake.count(settings.table_path(BRONZE_TABLE), f"kind = 'line' and {_day_sql(parse_day(day))}")
+    if not lake.exists(settings.table_path(BRONZE_TABLE)):
+        return 0
+    return _bronze_lines(settings, day).count()
 
 
 def uncovered_line_count(settings: Settings, day: str | dt.date) -> int:
     """Bronze lines of the day whose sequence number lies in no closed window of their source."""
-    bronze, windows = settings.table_path(BRONZE_TABLE), settings.table_path(WINDOWS_TABLE)
-    if not lake.exists(windows):
+    from pyspark.sql import functions as F
+
+    if not lake.exists(settings.table_path(WINDOWS_TABLE)):
         return bronze_line_count(settings, day)
-    if not lake.exists(bronze):
+    if not lake.exists(settings.table_path(BRONZE_TABLE)):
         return 0
-    day = parse_day(day)
-    return int(lake.query(
-        "select count(*) as n from b left join w on b.stream = w.source and b.seq between w.first_seq and w.last_seq "
-        f"where b.kind = 'line' and b.{_day_sql(day)} and w.source is null", b=bronze, w=windows,
-    ).column("n")[0].as_py())
+    b, w = _bronze_lines(settings, day).alias("b"), _table(settings, WINDOWS_TABLE).alias("w")
+    covered = (F.col("b.stream") == F.col("w.source")) & F.col("b.seq").between(F.col("w.first_seq"), F.col("w.last_seq"))
+    return b.join(F.broadcast(w), covered, "left_anti").count()
 
 
 def summarize_day(settings: Settings, day: str | dt.date, recompute: bool = False) -> DaySummary:
@@ -238,8 +264,8 @@ def write_summary(settings: Settings, summary: DaySummary) -> bool:
     """Replace the day's partition atomically; False (no commit) if it already holds these rows."""
     if lake.exists(settings.table_path(SUMMARY_TABLE)) and stored_summary(settings, summary.day).equals(summary.rows):
         return False
-    lake.replace_where(settings.table_path(SUMMARY_TABLE), summary.rows, _day_sql(summary.day), partition_by=["day"],
-                       metadata={"eventide.source": summary.source})
+    rows = _spark(settings).createDataFrame(summary.rows)
+    lake.replace_where(rows, settings.table_path(SUMMARY_TABLE), _day_sql(summary.day), partition_by=["day"])
     return True
 
 

@@ -1,4 +1,4 @@
-"""The `eventide` command line. Stable: serve, send, ingest, run, show, quarantine, apps, new, demo (see README)."""
+"""The `eventide` command line. Stable: serve, send, ingest, run, show, sql, quarantine, apps, new, demo (see README)."""
 
 from __future__ import annotations
 
@@ -147,6 +147,23 @@ def cmd_show(args, settings) -> int:
     from orchestration.show import show_table
 
     print(show_table(settings, args.table, args.format, args.where, args.limit), end="")
+    return 0
+
+
+def cmd_sql(args, settings) -> int:
+    from orchestration.show import sql_query
+
+    print(sql_query(settings, args.query, args.format), end="")
+    return 0
+
+
+def cmd_upkeep(args, settings) -> int:
+    from transforms import lake
+    from transforms.spark import get_spark
+
+    print(f"compacting and vacuuming the tables under {settings.lake} (files older than {settings.vacuum_hours:g} h)")
+    for r in lake.upkeep(get_spark(settings), settings.lake, settings.vacuum_hours):
+        print(f"  {r.table}: {r.files_before} -> {r.files_after} files, {r.vacuumed} deleted from disk")
     return 0
 
 
@@ -330,6 +347,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("end", nargs="?", help="last day (inclusive), default: start")
     _app_option(s)
     s.set_defaults(fn=cmd_backfill)
+
+    s = sub.add_parser("sql", help="run Spark SQL over the home's tables (named as `show` names them)")
+    s.add_argument("query", help='e.g. "SELECT status, count(*) AS n FROM bronze_log_lines GROUP BY status"')
+    s.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    s.set_defaults(fn=cmd_sql)
+
+    s = sub.add_parser("upkeep", help="compact the tables' small files and vacuum old ones (EVENTIDE_VACUUM_HOURS)")
+    s.set_defaults(fn=cmd_upkeep)
 
     s = sub.add_parser("status", help="how far each landing log and query has got: landed, processed, lag "
                                       "(reads the home's files only: no Spark)")

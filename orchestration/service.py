@@ -9,6 +9,8 @@ continuously (transforms/engine/live.py), watched by Dagster.
   throughput, latency percentiles from gateway receipt to commit).
 - Every 10 s, landing segments every query has committed move to the archive
   (transforms/engine/archive.py), so the folder Spark lists each trigger stays small.
+- Every EVENTIDE_UPKEEP_MINUTES (10), the lake's small files are compacted and old ones vacuumed
+  (transforms/lake/upkeep.py), on a thread of its own next to the queries.
 - After tables change, the apps' sensors (with cursors kept here) and schedules are asked what is due
   and the runs they request execute here, in this process and JVM: the log app's daily summaries
   follow the log windows without anything run by hand. Schedules are asked at least once a minute,
@@ -176,6 +178,7 @@ class Service:
         self.follow_ups: FollowUps | None = None
         self.all_running = threading.Event()
         self.archived = 0  # landing segments moved to the archive (engine/archive.py)
+        self.upkept = 0  # rounds of lake upkeep (compaction, vacuum) done
         self.error: BaseException | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._main, name="eventide-queries", daemon=True)
@@ -222,7 +225,8 @@ class Service:
             return
         if self.dagster:
             self._follow_thread.start()
-        started = last_archive = time.monotonic()
+        started = last_archive = last_upkeep = time.monotonic()
+        upkeep: threading.Thread | None = None
         try:
             while not self._stop.is_set():
                 for q in self.queries:
@@ -230,6 +234,11 @@ class Service:
                 if time.monotonic() - last_archive >= ARCHIVE_EVERY_SECONDS:
                     last_archive = time.monotonic()
                     self._archive(plans)
+                every = self.settings.upkeep_minutes * 60
+                if every and time.monotonic() - last_upkeep >= every and not (upkeep and upkeep.is_alive()):
+                    last_upkeep = time.monotonic()
+                    upkeep = threading.Thread(target=self._upkeep, args=(spark,), name="eventide-upkeep", daemon=True)
+                    upkeep.start()
                 if not self.all_running.is_set() and all(q.running for q in self.queries):
                     self.all_running.set()
                     self.say(f"all {len(self.queries)} queries running (trigger every "
@@ -252,6 +261,21 @@ class Service:
             if all(wanted[p.name] <= processed_segments(p.checkpoint(self.settings))[1] for p in bronze):
                 return
             time.sleep(0.2)
+
+    def _upkeep(self, spark) -> None:
+        """Compact and vacuum the lake (transforms/lake/upkeep.py) next to the running queries: a MERGE
+        that meets a compaction retries, and Delta commits each batch once either way."""
+        from transforms import lake
+
+        try:
+            done = lake.upkeep(spark, self.settings.lake, self.settings.vacuum_hours)
+        except Exception as e:  # noqa: BLE001 - the tables stay as they are; the next round tries again
+            self.say(f"lake upkeep failed (the next round tries again): {e}")
+            return
+        self.upkept += 1
+        changed = [f"{r.table} {r.files_before}->{r.files_after} files" for r in done if r.files_before != r.files_after]
+        if changed:
+            self.say(f"lake upkeep: {', '.join(changed)}")
 
     def _archive(self, plans) -> None:
         from transforms.engine.archive import archive_committed

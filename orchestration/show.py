@@ -1,4 +1,5 @@
-"""`eventide show`: print a Delta table as a table, CSV or JSON lines.
+"""`eventide show`: print a Delta table as a table, CSV or JSON lines; `eventide sql`: the same for the
+result of Spark SQL over the home's tables (each named as `show` names it).
 
 Binary columns (a quarantined payload) print so that the bytes can be recovered exactly: in CSV and
 JSON as base64 under the column's name plus `_base64`; in the table as a Python bytes literal
@@ -47,6 +48,29 @@ def show_table(settings: Settings, table: str, fmt: str = "table", where: str | 
         data = data.sort_by([(c, "ascending") for c in sort])
     if limit is not None:
         data = data.slice(0, limit)
+    return format_rows(data, fmt)
+
+
+def sql_query(settings: Settings, sql: str, fmt: str = "table") -> str:
+    """Run Spark SQL over the home's Delta tables (registered in the session's catalog by name)."""
+    from transforms.spark import get_spark
+
+    spark = get_spark(settings)
+    lake.register_tables(spark, settings.lake)
+    try:
+        data = spark.sql(sql).toArrow()
+    except Exception as e:  # Spark's analysis errors say what is wrong with the query
+        from pyspark.errors import PySparkException
+
+        if not isinstance(e, PySparkException):
+            raise
+        known = ", ".join(t.name for t in spark.catalog.listTables()) or "none yet (run `eventide run`)"
+        raise ConfigError(f"the query failed: {str(e).splitlines()[0]}\n  tables: {known}") from None
+    return format_rows(data, fmt)
+
+
+def format_rows(data: pa.Table, fmt: str) -> str:
+    """Rows as an aligned table, CSV, or JSON (one object per line)."""
     binary = {f.name for f in data.schema if _is_binary(f.type)}
     exact = fmt in ("json", "csv")  # machine formats: base64, under a name that says so
     columns = [c + BASE64_SUFFIX if c in binary and exact else c for c in data.column_names]

@@ -29,7 +29,9 @@ JSON (`--format json`): one object, keys in this order (`null` where there is no
                   "lag_seconds": float (now - receive time of the oldest of them; 0.0 when none),
                   "oldest_unprocessed": ISO-8601 UTC|null,
                   "held_by": {"pid": int, "command": str, "since": str}|null,
-                  "tcp_in_doubt": {sink: int} (TCP batches found in doubt: a sink's sender process stopped mid-send)}]}
+                  "tcp_in_doubt": {sink: int} (TCP batches found in doubt: a sink's sender process stopped mid-send)}],
+     "tables": [{"table": str, "version": int, "files": int (data files of the current version),
+                 "bytes": int (their size)}]}
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from transforms import lake
 from transforms.engine.checkpoints import processed_segments
 from transforms.landing import _read_journal, list_segments, parse_segment_name
 from transforms.settings import Settings
@@ -91,12 +94,21 @@ class QueryStatus:
 
 
 @dataclass
+class TableStatus:
+    table: str
+    version: int
+    files: int
+    bytes: int
+
+
+@dataclass
 class Status:
     home: str
     generated_at: str
     serve: ServeStatus
     logs: list[LogStatus]
     queries: list[QueryStatus]
+    tables: list[TableStatus] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return {"version": FORMAT_VERSION, **dataclasses.asdict(self)}
@@ -239,8 +251,26 @@ def compute_status(settings: Settings, now: float | None = None) -> Status:
     queries = [query_status(settings, p, logs[p.group], now) for p in query_plans(settings)]
     return Status(
         home=str(settings.home.absolute()), generated_at=_iso(now * 1_000_000), serve=serve_status(settings),
-        logs=[log.status() for log in logs.values()], queries=queries,
+        logs=[log.status() for log in logs.values()], queries=queries, tables=table_status(settings),
     )
+
+
+def table_status(settings: Settings) -> list[TableStatus]:
+    """Each Delta table of the home: its version, and the files and bytes upkeep keeps in check."""
+    out = []
+    for folder in sorted(settings.lake.iterdir()) if settings.lake.is_dir() else []:
+        found = lake.table_files(folder) if lake.exists(folder) else None
+        if found is not None:
+            out.append(TableStatus(folder.name, found.version, found.files, found.bytes))
+    return out
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
 
 
 # -- rendering ----------------------------------------------------------------------------------------
@@ -277,6 +307,10 @@ def format_status(status: Status, fmt: str = "table") -> str:
     lines += _grid(["QUERY", "LOG", "PROCESSED TO", "LAG", "LAG SECONDS", "RUN BY"],
                    [[q.query, q.log, q.processed_last_seq, q.lag_messages, _seconds(q), _holder(q.held_by)]
                     for q in status.queries], left=(0, 1, 5))
+    if status.tables:
+        lines.append("")
+        lines += _grid(["TABLE", "VERSION", "FILES", "SIZE"],
+                       [[t.table, t.version, t.files, _size(t.bytes)] for t in status.tables])
     doubts = [f"  {q.query}, TCP sink {sink}: {n} batch(es), listed in {q.checkpoint}/tcp-{sink}.in-doubt"
               for q in status.queries for sink, n in q.tcp_in_doubt.items()]
     if doubts:
@@ -286,5 +320,6 @@ def format_status(status: Status, fmt: str = "table") -> str:
     lines.append("OPEN: landed, not yet in a closed segment (not visible to queries). "
                  "PROCESSED TO: the last sequence a query committed (-: nothing yet).")
     lines.append("LAG: its messages not processed (open ones too); LAG SECONDS: age of the oldest of them. "
-                 "RUN BY: who holds the query's lock.")
+                 "RUN BY: who holds the query's lock. FILES: data files of a table's current version "
+                 "(`eventide upkeep` compacts them).")
     return "\n".join(lines) + "\n"

@@ -133,8 +133,11 @@ def _record(settings: Settings) -> int:
     before = lake.count(path)
     if not landed.num_rows or before == landed.num_rows:
         return 0
+    from transforms.spark import get_spark
+
     last = lake.committed_batch(path, REPLAYS_TABLE)
-    lake.insert_new_once(path, landed, ["stream", "original_seq"], REPLAYS_TABLE, 0 if last is None else last + 1)
+    rows = get_spark(settings).createDataFrame(landed)
+    lake.merge_once(rows, path, ["stream", "original_seq"], REPLAYS_TABLE, 0 if last is None else last + 1, update=False)
     return lake.count(path) - before
 
 

@@ -27,13 +27,14 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "eventide"
 
 
-def archive_key(java_home: str, jars: Path) -> str:
-    """Names the Java binary and the jar set an archive is valid for."""
+def archive_key(java_home: str, jars: Path, extra: list[str] = ()) -> str:
+    """Names the Java binary and the jar set (pyspark's and the extra class path) an archive is valid for."""
     import pyspark
 
     names = sorted(p.name for p in jars.glob("*.jar")) if jars.is_dir() else []
     # The archive records the jars' paths: another install (venv) of the same pyspark needs its own.
-    text = "|".join([os.path.realpath(java_home), os.path.realpath(jars), pyspark.__version__, *names])
+    text = "|".join([os.path.realpath(java_home), os.path.realpath(jars), pyspark.__version__, *names,
+                     *(os.path.realpath(j) for j in extra)])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -66,7 +67,10 @@ def java_options(java_home: str | None, now: float | None = None) -> list[str]:
     import pyspark
 
     folder = cache_dir()
-    archive = folder / f"jvm-classes-{archive_key(java_home, Path(pyspark.__file__).parent / 'jars')}.jsa"
+    from transforms.lake.session import jar_paths
+
+    key = archive_key(java_home, Path(pyspark.__file__).parent / "jars", jar_paths())
+    archive = folder / f"jvm-classes-{key}.jsa"
     claim = archive.with_suffix(".claim")
     now = time.time() if now is None else now
     # Each recorder writes its own file (a claim can expire while a long-lived JVM still records).

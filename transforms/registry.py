@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from transforms.api import Application, Decoder, DeltaSink, Merged
-from transforms.settings import ConfigError
+from transforms.errors import ConfigError
 
 DEFAULT_APPS = ("examples.logs:app", "examples.market:app", "examples.words:app")
 RESERVED_TABLES = ("quarantine",)

@@ -14,18 +14,19 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from transforms.errors import ConfigError
 
-class ConfigError(ValueError):
-    """A setting has a value Eventide cannot use. The message names the variable and what is expected."""
+__all__ = ["ConfigError", "Settings", "get_settings", "reset_settings"]
 
 
 CONNECT_REFUSED = (
-    "EVENTIDE_SPARK_REMOTE={url}: Eventide cannot run over Spark Connect with PySpark 4.1. Spark Connect "
-    "runs a streaming query's foreachBatch function in a Python process on the server, not in this "
-    "process, and Eventide's batch writer must run here: it commits each micro-batch to the Delta tables "
-    "exactly once, sends the TCP sinks' outputs, and reports every batch to `eventide run`, Dagster and "
-    "`eventide serve` (over Connect those reports never come back, and the server's foreachBatch worker "
-    "cannot import app modules sent as artifacts). Run on a cluster through its master instead: unset "
+    "EVENTIDE_SPARK_REMOTE={url}: Eventide cannot run over Spark Connect with PySpark 4.1. Spark writes the "
+    "Delta tables itself (delta-spark), which would work over Connect, but Spark Connect runs a streaming "
+    "query's foreachBatch function in a Python process on the server, not in this process, and Eventide's "
+    "batch writer does more than write Delta there: it sends the TCP sinks' outputs through sender "
+    "processes of its own, and reports every batch to `eventide run`, Dagster and `eventide serve` (over "
+    "Connect those reports never come back, and the server's foreachBatch worker cannot import app "
+    "modules sent as artifacts). Run on a cluster through its master instead: unset "
     "EVENTIDE_SPARK_REMOTE and set EVENTIDE_SPARK_MASTER=spark://HOST:PORT."
 )
 
@@ -49,10 +50,11 @@ class Settings:
     spark_driver_memory: str = "4g"  # local[*]: the driver's JVM also runs the executors' tasks
     # The driver JVM maps the classes an earlier start recorded (transforms/jvm_cache.py, ~/.cache/eventide).
     jvm_class_cache: bool = True
-    # Where a micro-batch's append rows are written: "executor" (each task writes Parquet files, the
-    # driver commits them) or "driver" (the whole batch collected and written on the driver; the
-    # reference form, kept for the equality tests and the benchmark).
-    write_path: str = "executor"
+    # Lake upkeep (transforms/lake/upkeep.py): VACUUM keeps the files of versions younger than this;
+    # `serve` compacts and vacuums every upkeep_minutes (0 = never): at 1k msgs/s a query's table gains
+    # a file per micro-batch (tens a minute), so a few minutes keep it well under a few hundred.
+    vacuum_hours: float = 168.0
+    upkeep_minutes: float = 2.0
     # How a new checkpoint keeps keyed state (an existing one keeps its own, see keyed_state.py):
     # "bucket" (keys hashed into buckets, one Spark group per bucket per batch) or "key" (one group
     # per key: the reference form, kept for the equality tests and the benchmark). Timers use "key".
@@ -195,8 +197,8 @@ class Settings:
             raise ConfigError("EVENTIDE_SPARK_SHUFFLE_PARTITIONS must be positive")
         if self.spark_remote:
             raise ConfigError(CONNECT_REFUSED.format(url=self.spark_remote))
-        if self.write_path not in ("executor", "driver"):
-            raise ConfigError(f"EVENTIDE_WRITE_PATH={self.write_path!r}: must be 'executor' or 'driver'")
+        if self.vacuum_hours < 0 or self.upkeep_minutes < 0:
+            raise ConfigError("EVENTIDE_VACUUM_HOURS and EVENTIDE_UPKEEP_MINUTES must be 0 or positive")
         if self.tcp_in_doubt not in ("resend", "skip"):
             raise ConfigError(f"EVENTIDE_TCP_IN_DOUBT={self.tcp_in_doubt!r}: must be 'resend' or 'skip'")
         if self.state_layout not in ("bucket", "key"):

@@ -8,6 +8,7 @@ import sys
 import threading
 from pathlib import Path
 
+from transforms.lake.session import configure
 from transforms.settings import Settings
 
 _lock = threading.Lock()
@@ -57,7 +58,11 @@ def get_spark(settings: Settings):
             .config("spark.sql.session.timeZone", "UTC")
             .config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
             .config("spark.ui.showConsoleProgress", "false")
+            # Each query's jobs in a pool of its own (sinks.BatchWriter): a big bronze batch shares the
+            # cores with an app's small one instead of holding them until it is done (FIFO).
+            .config("spark.scheduler.mode", "FAIR")
         )
+        builder = configure(builder)  # Delta Lake (delta-spark): the lake's reads and writes
         if local:  # embedded: loopback only; a cluster's executors must reach the driver (SPARK_LOCAL_IP)
             builder = builder.config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.host", "127.0.0.1")
         _session = _start_with_log(builder, settings)

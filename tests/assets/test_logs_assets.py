@@ -103,6 +103,18 @@ def due_days(home: Home) -> list[str]:
     return [r.partition_key for r in runs]
 
 
+def _spark(home: Home):
+    from transforms.spark import get_spark
+
+    return get_spark(home.settings)
+
+
+def delete_day(home: Home, day: str) -> None:
+    """Empty one day's partition of the summary (what a user's mistake would do)."""
+    lake.replace_where(_spark(home).createDataFrame(SUMMARY_SCHEMA.empty_table()), home.settings.table_path(SUMMARY_TABLE),
+                       f"day = '{day}'", partition_by=["day"])
+
+
 def summary_table(home: Home) -> list[tuple[str, int, int]]:
     return summary_rows([lake.read(home.settings.table_path(SUMMARY_TABLE))])
 
@@ -202,8 +214,7 @@ def test_schedule_and_backfill_restore_a_deleted_partition(home, capsys):
         return [] if isinstance(data, dg.SkipReason) else [r.partition_key for r in data]
 
     assert schedule_requests() == []  # every day over by the clock is summarized
-    path = home.settings.table_path(SUMMARY_TABLE)
-    lake.replace_where(path, SUMMARY_SCHEMA.empty_table(), "day = '2004-03-08'", partition_by=["day"])
+    delete_day(home, "2004-03-08")
     assert stored_summary(home.settings, "2004-03-08").num_rows == 0
     assert schedule_requests() == ["2004-03-08"]
 
@@ -224,7 +235,8 @@ def test_checks_fail_on_tampered_partitions(home):
 
     def tamper(day: str, change):
         rows = change(stored_summary(home.settings, day).to_pylist())
-        lake.replace_where(path, pa.Table.from_pylist(rows, schema=SUMMARY_SCHEMA), f"day = '{day}'", partition_by=["day"])
+        lake.replace_where(_spark(home).createDataFrame(pa.Table.from_pylist(rows, schema=SUMMARY_SCHEMA)), path,
+                           f"day = '{day}'", partition_by=["day"])
 
     def run_checks(day: str) -> dict[str, bool]:
         # Checks alone: Dagster 1.13 refuses partition_key for a checks-only job; the tag is what it sets.
@@ -270,8 +282,7 @@ def test_a_backfill_of_many_days_is_one_run_with_each_days_checks(home, capsys):
     assert not any(c.passed for c in result.get_asset_check_evaluations() if c.partition is None)  # the range's
 
     # A backfill of the four days, one of them deleted, one tampered: one run, each day recounted and checked.
-    path = home.settings.table_path(SUMMARY_TABLE)
-    lake.replace_where(path, SUMMARY_SCHEMA.empty_table(), "day = '2004-03-08'", partition_by=["day"])
+    delete_day(home, "2004-03-08")
     assert runs_as_one(DEFS.resolve_job_def(logs_assets.SUMMARY_JOB))
     capsys.readouterr()
     assert backfill(home.settings, DAYS[0], DAYS[-1]) == 0

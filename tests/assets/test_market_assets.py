@@ -30,6 +30,7 @@ from examples.market_generate import order_payloads, read_symbols
 from transforms import lake
 from transforms.framing import iter_file_messages
 from transforms.landing import Lander
+from transforms.spark import get_spark
 
 pytestmark = pytest.mark.spark
 
@@ -111,7 +112,9 @@ def test_market_assets_with_blocking_checks(spark, settings):
     state_path = settings.table_path(MARKET_STATE_TABLE)
     rows = {r["symbol"]: r for r in lake.read(state_path).to_pylist()}
     bad = [dict(rows["AA"], bid=-1.0), dict(rows["BAC"], offer=math.nan), dict(rows["TGT"], reject=False, reason=None)]
-    lake.merge_once(state_path, pa.Table.from_pylist(bad, schema=lake.read(state_path).schema), ["symbol"], "test", 0)
+    spark = get_spark(settings)
+    lake.merge_once(spark.createDataFrame(pa.Table.from_pylist(bad, schema=lake.read(state_path).schema)), state_path,
+                    ["symbol"], "test", 0)
     prices = check_result(PRICES_VALID, settings, MARKET_STATE_TABLE)
     rule = check_result(reject_matches_rule, settings, MARKET_STATE_TABLE)
     assert not prices.passed and not rule.passed
@@ -122,7 +125,8 @@ def test_market_assets_with_blocking_checks(spark, settings):
     rej_path = settings.table_path(ORDER_REJECTIONS_TABLE)
     row = lake.read(rej_path).to_pylist()[0]
     stray = dict(row, symbol="QQQQ", reason=REASON_SPREAD, seq=row["seq"] + 10_000)
-    lake.append_once(rej_path, pa.Table.from_pylist([stray], schema=lake.read(rej_path).schema), "test", 0)
+    lake.append_once(spark.createDataFrame(pa.Table.from_pylist([stray], schema=lake.read(rej_path).schema)), rej_path,
+                     "test", 0)
     assert not check_result(rejections_accounted, settings, ORDER_REJECTIONS_TABLE).passed
 
     # Nothing landed on the market streams at all: nothing to check, nothing blocked.

@@ -23,9 +23,9 @@ def _run(settings, *args, env=None):
     return subprocess.run([EVENTIDE, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
 
 
-def test_show_prints_a_table_as_table_csv_and_json_lines(settings):
-    lake.append_once(settings.table_path("t"), pa.table({"day": ["2004-03-07", "2004-03-08"], "status": [200, 404],
-                                                         "payload": [b"a\xff", b"b"]}), "x", 0)
+def test_show_prints_a_table_as_table_csv_and_json_lines(spark, settings):
+    lake.append_once(spark.createDataFrame(pa.table({"day": ["2004-03-07", "2004-03-08"], "status": [200, 404],
+                                                     "payload": [b"a\xff", b"b"]})), settings.table_path("t"), "x", 0)
     table = _run(settings, "show", "t")
     assert table.returncode == 0 and "2004-03-07" in table.stdout and "404" in table.stdout
     csv = _run(settings, "show", "t", "--format", "csv").stdout.splitlines()
@@ -37,10 +37,11 @@ def test_show_prints_a_table_as_table_csv_and_json_lines(settings):
     assert len(where.splitlines()) == 1
 
 
-def test_show_prints_payloads_exactly_one_byte_0xff_is_not_the_four_characters_backslash_x_f_f(settings):
+def test_show_prints_payloads_exactly_one_byte_0xff_is_not_the_four_characters_backslash_x_f_f(spark, settings):
     payloads = [b"\xff", b"\\xff", b"line\r\n", None]
-    lake.append_once(settings.table_path("quarantine"), pa.table({
-        "seq": [1, 2, 3, 4], "reason": ["r"] * 4, "payload": pa.array(payloads, pa.binary())}), "x", 0)
+    lake.append_once(spark.createDataFrame(pa.table({
+        "seq": [1, 2, 3, 4], "reason": ["r"] * 4, "payload": pa.array(payloads, pa.binary())})),
+        settings.table_path("quarantine"), "x", 0)
     rows = [json.loads(line) for line in _run(settings, "show", "quarantine", "--format", "json").stdout.splitlines()]
     assert [r["payload_base64"] for r in rows] == ["/w==", "XHhmZg==", "bGluZQ0K", None]
     assert [None if r["payload_base64"] is None else base64.b64decode(r["payload_base64"]) for r in rows] == payloads

@@ -83,15 +83,10 @@ def _copy(landed_home: Path, to: Path) -> Path:
     return to
 
 
-def _uncommitted(home: Path) -> list[Path]:
-    """Files the executors staged that no commit refers to (a failed or replayed attempt's)."""
-    out = []
-    for table in (home / "lake").iterdir():
-        staged = list(table.rglob("eventide-*.parquet"))
-        if staged:
-            referenced = lake.file_paths(table)
-            out += [p for p in staged if p.relative_to(table).as_posix() not in referenced]
-    return out
+def _written_by_delta_spark(home: Path) -> list[str]:
+    """The tables whose latest commit Spark's Delta writer made (every table, when all is well)."""
+    return [p.name for p in sorted((home / "lake").iterdir())
+            if lake.exists(p) and "Delta-Lake/" in (lake.engine_info(p) or "")]
 
 
 def _on(cluster) -> dict:
@@ -112,7 +107,7 @@ def test_a_standalone_cluster_gives_the_tables_of_local_mode(landed, tmp_path):
         assert len({p.parts[-4] for p in executors}) == 2, (executors, out[-3000:])
         cluster_marker = cluster.marker
     assert _tables(home) == expected, out[-3000:]
-    assert list((home / "lake").rglob("eventide-*.parquet")) and _uncommitted(home) == []
+    assert _written_by_delta_spark(home) == sorted(expected)
     assert leftover_pids(cluster_marker) == [] and leftover_pids(marker) == []
 
 
@@ -135,5 +130,5 @@ def test_a_worker_killed_mid_run_loses_and_duplicates_nothing(landed, tmp_path):
         _done(_eventide(["run"], app_dir, home, marker, **_on(cluster)))
         cluster_marker = cluster.marker
     assert _tables(home) == expected
-    assert _uncommitted(home) == []
+    assert _written_by_delta_spark(home) == sorted(p.name for p in (home / "lake").iterdir() if lake.exists(p))
     assert leftover_pids(cluster_marker) == [] and leftover_pids(marker) == []

@@ -137,7 +137,10 @@ def test_a_replay_interrupted_before_recording_never_lands_twice(tmp_path, monke
     row = {"query": "dl_gauges", "stream": "dl_gauges", "seq": 1, "receive_time": None, "connection": "test",
            "step": "decoder decode_gauge", "reason": "gauge v1: expected digits, got '+7'", "payload": b"b,+7",
            "batch_id": 0}
-    lake.append_once(settings.table_path("quarantine"), pa.Table.from_pylist([row], schema=QUARANTINE_SCHEMA), "t", 0)
+    from transforms.spark import get_spark
+
+    lake.append_once(get_spark(settings).createDataFrame(pa.Table.from_pylist([row], schema=QUARANTINE_SCHEMA)),
+                     settings.table_path("quarantine"), "t", 0)
 
     first = replay(settings)
     assert (first.landed, first.recorded) == ({("dl_gauges", 1): 2}, 1)

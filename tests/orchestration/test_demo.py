@@ -39,3 +39,17 @@ def test_demo_sends_over_tcp_runs_everything_and_prints_the_expected_results(tmp
     assert re.search(r"^\s+the\s+40$", out, re.M)  # the most frequent word of the Bill of Rights
     assert "symbols in reject state (15): GOOG GPS INSM IVR MDRX MYGN NFX NI NYCB PPHM SIAL SLH TGT TMO TTPH" in out
     assert "quarantine: 0 message(s)" in out
+    # Every table was written by Spark's Delta writer, and Spark SQL reads them by name.
+    from transforms import lake
+
+    home = tmp_path / "home" / "demo"  # the demo's own home under EVENTIDE_HOME
+    tables = [p for p in sorted((home / "lake").iterdir()) if lake.exists(p)]
+    assert {p.name for p in tables} >= {"bronze_log_lines", "log_windows", "daily_return_code_summary",
+                                        "market_state", "order_rejections", "word_totals"}
+    for p in tables:
+        assert "Delta-Lake/" in (lake.engine_info(p) or ""), p.name
+    sql = subprocess.run([eventide, "sql", "SELECT kind, count(*) AS n FROM bronze_log_lines GROUP BY kind ORDER BY kind",
+                          "--format", "json"], cwd=REPO, env={**env, "EVENTIDE_HOME": str(home)}, capture_output=True, text=True,
+                         timeout=300)
+    assert sql.returncode == 0, sql.stderr[-2000:]
+    assert sql.stdout.splitlines() == ['{"kind": "line", "n": 1274}', '{"kind": "marker", "n": 4}']

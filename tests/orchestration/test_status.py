@@ -168,7 +168,8 @@ def test_cli_json_shape_a_running_serve_and_lock_holders(settings, monkeypatch, 
         table = capsys.readouterr().out
     finally:
         lock.release()
-    assert list(doc) == ["version", "home", "generated_at", "serve", "logs", "queries"]
+    assert list(doc) == ["version", "home", "generated_at", "serve", "logs", "queries", "tables"]
+    assert doc["tables"] == []  # nothing processed yet: no table
     assert doc["version"] == 1 and doc["home"] == str(settings.home.absolute())
     started_at = doc["serve"]["started_at"]
     assert doc["serve"] == {"running": True, "pid": os.getpid(), "host": settings.bind_host,

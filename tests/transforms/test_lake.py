@@ -1,45 +1,84 @@
-"""The lake's exactly-once writes, on real Delta tables (delta-rs)."""
+"""The lake on real Delta tables written by delta-spark: exactly-once writes skipped by Delta itself,
+MERGE, replaceWhere, the tables in Spark's catalog, upkeep, and delta-rs reading what Spark wrote."""
 
 import pyarrow as pa
 import pytest
 
 from transforms import lake
 
+pytestmark = pytest.mark.spark
 
-def test_append_once_skips_a_replayed_batch(tmp_path):
+
+def _df(spark, **columns):
+    return spark.createDataFrame(pa.table(columns))
+
+
+def test_append_once_is_skipped_by_delta_on_a_replayed_batch(spark, tmp_path):
     path = tmp_path / "t"
-    rows = pa.table({"x": [1, 2]})
-    assert lake.append_once(path, rows, "q@g1:t", 0)
-    assert lake.append_once(path, rows, "q@g1:t", 1)
-    assert not lake.append_once(path, rows, "q@g1:t", 1)  # the replay after a crash writes nothing
-    assert not lake.append_once(path, rows, "q@g1:t", 0)
-    assert lake.append_once(path, rows, "other@g1:t", 1)  # another writer has its own batches
+    rows = _df(spark, x=[1, 2])
+    lake.append_once(rows, path, "q@g1:t", 0)
+    lake.append_once(rows, path, "q@g1:t", 1)
+    version = lake.version(path)
+    lake.append_once(rows, path, "q@g1:t", 1)  # the replay after a crash: Delta commits nothing
+    lake.append_once(rows, path, "q@g1:t", 0)
+    assert lake.version(path) == version
+    lake.append_once(rows, path, "other@g1:t", 1)  # another writer has its own batches
     assert lake.count(path) == 6 and lake.committed_batch(path, "q@g1:t") == 1
 
 
-def test_merge_once_keeps_the_last_row_per_key_and_skips_replays(tmp_path):
+def test_merge_once_upserts_and_is_skipped_by_delta_on_a_replay(spark, tmp_path):
     path = tmp_path / "m"
-    first = pa.table({"k": ["a", "b", "a"], "v": [1, 2, 3], "seq": [1, 2, 3]})
-    assert lake.merge_once(path, first, ["k"], "q", 0, order_by=["seq"])
-    assert lake.merge_once(path, pa.table({"k": ["b", "c"], "v": [20, 30], "seq": [4, 5]}), ["k"], "q", 1, order_by=["seq"])
-    assert not lake.merge_once(path, pa.table({"k": ["a"], "v": [99], "seq": [6]}), ["k"], "q", 1)
+    lake.merge_once(_df(spark, k=["a", "b"], v=[1, 2]), path, ["k"], "q", 0)
+    lake.merge_once(_df(spark, k=["b", "c"], v=[20, 30]), path, ["k"], "q", 1)
+    version = lake.version(path)
+    lake.merge_once(_df(spark, k=["a"], v=[99]), path, ["k"], "q", 1)  # a replay: skipped
+    assert lake.version(path) == version
+    lake.merge_once(_df(spark, k=["a", "d"], v=[-1, 4]), path, ["k"], "q", 2, update=False)  # insert only
     rows = sorted((r["k"], r["v"]) for r in lake.read(path).to_pylist())
-    assert rows == [("a", 3), ("b", 20), ("c", 30)]
+    assert rows == [("a", 1), ("b", 20), ("c", 30), ("d", 4)]
+    assert spark.conf.get("spark.databricks.delta.write.txnAppId", None) is None  # unset after the MERGE
 
 
-def test_replace_where_replaces_exactly_one_partition(tmp_path):
+def test_replace_where_replaces_exactly_one_partition(spark, tmp_path):
     path = tmp_path / "p"
-    data = pa.table({"day": ["2004-03-07", "2004-03-08"], "n": [1, 2]})
-    lake.replace_where(path, data, "day = '2004-03-07'", partition_by=["day"])
-    lake.replace_where(path, pa.table({"day": ["2004-03-08"], "n": [5]}), "day = '2004-03-08'", partition_by=["day"])
-    lake.replace_where(path, pa.table({"day": ["2004-03-08"], "n": [5]}), "day = '2004-03-08'", partition_by=["day"])
+    lake.replace_where(_df(spark, day=["2004-03-07", "2004-03-08"], n=[1, 2]), path, "day = '2004-03-07'", ["day"])
+    for _ in range(2):  # idempotent
+        lake.replace_where(_df(spark, day=["2004-03-08"], n=[5]), path, "day = '2004-03-08'", ["day"])
     assert sorted((r["day"], r["n"]) for r in lake.read(path).to_pylist()) == [("2004-03-07", 1), ("2004-03-08", 5)]
+    assert spark.read.format("delta").load(str(path)).where("day = '2004-03-08'").collect()[0].n == 5
 
 
-@pytest.mark.spark
-def test_a_table_or_an_old_version_reads_into_spark(spark, tmp_path):
-    path = tmp_path / "s"
-    lake.append_once(path, pa.table({"x": [1, 2]}), "q", 0)
-    lake.append_once(path, pa.table({"x": [3]}), "q", 1)
-    assert lake.to_spark(spark, path).count() == 3
-    assert sorted(r.x for r in lake.to_spark(spark, path, version=0).collect()) == [1, 2]
+def test_delta_rs_reads_what_delta_spark_writes(spark, tmp_path):
+    """The JVM-free reads (status, show, checks) see every table delta-spark writes here: its protocol
+    and table features, checkpoints (every 10 commits), auto compaction and vacuum included."""
+    path = tmp_path / "f"
+    for i in range(23):
+        lake.append_once(_df(spark, day=[f"d{i % 3}"], n=[i]), path, "q", i, partition_by=["day"])
+    assert list((path / "_delta_log").glob("*.checkpoint.parquet"))
+    lake.upkeep(spark, tmp_path, vacuum_hours=0)
+    assert lake.count(path) == 23 and lake.count(path, "day = 'd1'") == 8
+    assert lake.table_files(path).files == 3  # compacted: one file per partition
+    protocol = spark.sql(f"DESCRIBE DETAIL delta.`{path}`").collect()[0]
+    assert lake.read(path).num_rows == 23, protocol
+    assert "Delta-Lake/4.4.0" in lake.engine_info(path)
+
+
+def test_the_homes_tables_are_named_in_the_catalog(spark, tmp_path):
+    lake_dir = tmp_path / "lake"
+    lake.append_once(_df(spark, word=["a", "b"]), lake_dir / "words_demo", "q", 0)
+    (lake_dir / "not_a_table").mkdir()
+    assert lake.register_tables(spark, lake_dir) == ["words_demo"]
+    assert spark.sql("SELECT count(*) AS n FROM words_demo").collect()[0].n == 2
+    lake.append_once(_df(spark, word=["c"]), lake_dir / "words_demo", "q", 1)
+    assert spark.sql("SELECT count(*) AS n FROM words_demo").collect()[0].n == 3  # the latest version
+
+
+def test_a_name_registered_for_another_home_is_pointed_at_this_one(spark, tmp_path):
+    first, second = tmp_path / "one" / "lake", tmp_path / "two" / "lake"
+    lake.append_once(_df(spark, n=[1]), first / "shared_name", "q", 0)
+    lake.append_once(_df(spark, n=[2, 3]), second / "shared_name", "q", 0)
+    lake.register_tables(spark, first)
+    assert spark.sql("SELECT sum(n) AS s FROM shared_name").collect()[0].s == 1
+    lake.register_tables(spark, second)
+    assert spark.sql("SELECT sum(n) AS s FROM shared_name").collect()[0].s == 5
+    assert lake.count(first / "shared_name") == 1  # the other home's table is untouched

@@ -9,10 +9,12 @@ One query per pipeline (or merged group of pipelines). The modules follow a mess
       keyed_state.py     transformWithStateInPandas grouped by a hash bucket of the key (by the key
                          itself with timers): each key's messages in sequence order through the state
                          computation, the key's state objects held in RocksDB
-      sinks.py           foreachBatch: quarantine rows first, then one writer per sink: Delta (each
-                         commit carries the app transaction (query, batch id), checked before writing),
-                         TCP (a marker file per sink; the bytes go out through the sink's own
-                         sender process, transforms/tcp_relay.py, so a kill never cuts a batch)
+      sink_rows.py       every sink's rows from one Python pass over the batch (mapInArrow)
+      sinks.py           foreachBatch: quarantine rows first, then one writer per sink: TCP first (a
+                         marker file per sink; the bytes go out through the sink's own sender
+                         process, transforms/tcp_relay.py, so a kill never cuts a batch), then Delta
+                         through Spark's Delta writer (txnAppId = query and table, txnVersion = batch
+                         id: Delta skips a replayed batch)
     envelope.py      the rows between the stages, and how user code is called
 
 Every row between stages is an envelope: sequence, part (position among the outputs of one input
@@ -23,7 +25,8 @@ quarantine envelopes and flow to the quarantine table; with `fail_fast` they sto
 from transforms.engine.envelope import ENVELOPE, dumps
 from transforms.engine.keyed_state import Context, KeyedStateProcessor
 from transforms.engine.plan import QueryMode, QueryPlan, TimeMode, plan_queries
-from transforms.engine.runner import RunReport, build_stream, nothing_new, run_application, run_query
+from transforms.engine.report import RunReport
+from transforms.engine.runner import build_stream, nothing_new, run_application, run_query
 from transforms.engine.sinks import QUARANTINE_SCHEMA, QUARANTINE_TABLE, BatchWriter, resolve_tcp_sinks
 from transforms.engine.stages import make_pre_stage
 

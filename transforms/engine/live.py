@@ -14,7 +14,8 @@ from collections.abc import Callable
 
 from transforms.engine.locks import QueryLock, describe, holder_of
 from transforms.engine.plan import QueryPlan
-from transforms.engine.runner import RunReport, start_query
+from transforms.engine.report import RunReport
+from transforms.engine.runner import start_query
 from transforms.engine.sinks import BatchDone, BatchWriter
 from transforms.settings import Settings
 from transforms.spark import explain_task_error

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from transforms.api import Application
 from transforms.engine.checkpoints import batch_ids, has_commits, processed_segments
@@ -29,33 +28,17 @@ from transforms.engine.keyed_state import (
 )
 from transforms.engine.locks import QueryLock, describe, holder_of
 from transforms.engine.plan import QueryPlan, plan_queries
+from transforms.engine.report import RunReport
 from transforms.engine.sinks import BatchWriter, resolve_tcp_sinks
 from transforms.engine.stages import make_pre_stage
-from transforms.engine.staging import STAGED, FusedStage, StagingJournal, StagingPlan
 from transforms.landing import LANDING_DDL, list_segments
 from transforms.settings import Settings
 from transforms.spark import explain_task_error
 
 
-@dataclass
-class RunReport:
-    query: str
-    batches: int = 0
-    input_rows: int = 0
-    rows_written: dict[str, int] = field(default_factory=dict)
-    quarantined: int = 0
-    skipped_batches: int = 0  # replayed batches whose commits were already in the lake
-    seconds: float = 0.0
-    max_lag_seconds: float | None = None
-    held_by: str | None = None  # not run: another process holds the query's lock (see locks.py)
-    tcp_in_doubt: list[int] = field(default_factory=list)  # TCP batches found in doubt (sinks.TCPSinkWriter)
-
-
-def build_stream(spark, plan: QueryPlan, settings: Settings, staging: StagingPlan | None = None,
-                 layout: StateLayout = StateLayout.BUCKET):
-    """The streaming DataFrame of a plan, up to the sinks; with `staging` (a direct plan written by
-    the executors), its rows staged in the same pass (`STAGED` rows, see BatchWriter.fused). `layout`:
-    how a keyed plan's state is grouped (its checkpoint's, see keyed_state.state_layout)."""
+def build_stream(spark, plan: QueryPlan, settings: Settings, layout: StateLayout = StateLayout.BUCKET):
+    """The streaming DataFrame of a plan, up to the sinks. `layout`: how a keyed plan's state is
+    grouped (its checkpoint's, see keyed_state.state_layout)."""
     src_dir = settings.landing / plan.group
     src_dir.mkdir(parents=True, exist_ok=True)
     reader = spark.readStream.schema(LANDING_DDL)
@@ -71,8 +54,6 @@ def build_stream(spark, plan: QueryPlan, settings: Settings, staging: StagingPla
         df = df.unionByName(clock_ticks(spark))
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    if staging is not None:
-        return df.mapInArrow(FusedStage(make_pre_stage(plan, settings.fail_fast), staging), from_arrow_schema(STAGED))
     env = df.mapInArrow(make_pre_stage(plan, settings.fail_fast), from_arrow_schema(plan.stage_schema))
     if plan.keyed:
         if layout is StateLayout.BUCKET:
@@ -104,14 +85,14 @@ def landing_path(plan: QueryPlan, settings: Settings) -> str:
 
 def nothing_new(plan: QueryPlan, settings: Settings) -> bool:
     """Whether a run of the plan would do nothing, decided from files alone (no Spark): its last
-    planned batch committed (or none planned), no staged attempt left to clean up, every landing
+    planned batch committed (or none planned), every landing
     segment it would read processed (none landed yet counts), and no timers (due timers live in
     Spark's state store, so a query with timers always runs)."""
     if plan.timers:
         return False
     checkpoint = plan.checkpoint(settings)
     last, processed = processed_segments(checkpoint)
-    if last_planned_batch(checkpoint) != (-1 if last is None else last) or StagingJournal(checkpoint).pending():
+    if last_planned_batch(checkpoint) != (-1 if last is None else last):
         return False
     # A query that committed nothing yet starts from the archive too (see landing_path).
     return all(seg.name in processed for seg in list_segments(settings, plan.group, archived=last is None))
@@ -204,7 +185,7 @@ def start_query(spark, plan: QueryPlan, settings: Settings, writer: BatchWriter,
     ckpt.parent.mkdir(parents=True, exist_ok=True)
     layout = state_layout(plan, ckpt, settings.state_layout) if plan.keyed else StateLayout.BUCKET
     return (
-        build_stream(spark, plan, settings, writer.fused, layout).writeStream.queryName(plan.name.replace(".", "_"))
+        build_stream(spark, plan, settings, layout).writeStream.queryName(plan.name.replace(".", "_"))
         .foreachBatch(writer)
         .option("checkpointLocation", str(ckpt.absolute()))
         .trigger(**trigger)

@@ -1,15 +1,18 @@
-"""The sinks (foreachBatch): each micro-batch's quarantine rows and outputs, written exactly once.
+"""The sinks (foreachBatch): each micro-batch's quarantine rows and outputs, written exactly once
+through Spark's Delta writer.
 
-`BatchWriter` is the foreachBatch function. The executors stage the micro-batch (staging.py: the
-append sinks' Parquet files written, the bounded rest shipped); the driver writes the quarantine
-rows first (a bad message is never lost, even if a sink fails), then lets one writer per sink, in the
-plan's order, commit its share. A writer has `commit(staged, batch_id)` (True if it wrote the batch,
-False if it had already), `write(outputs, batch_id)` (the same from the whole batch collected on the
-driver: the reference form, `EVENTIDE_WRITE_PATH=driver`) and `close()`; `WRITERS` maps each kind of
-sink of transforms.api to its writer class, so a new kind of sink is a new class there.
+`BatchWriter` is the foreachBatch function. It keeps the batch (persist), counts its rows by kind,
+writes the quarantine rows first (a bad message is never lost, even if a sink fails), then lets one
+writer per sink write its share: the TCP sinks first (answers do not wait for the lake), then the
+Delta sinks in the plan's order. The executors turn the outputs into every
+sink's rows in one Python pass (sink_rows.AllSinkRowsFn: each output unpickled once); a Delta sink's
+rows go to the lake (append, or MERGE of the last row per key), a TCP sink's encoded bytes to the
+driver, in order, and out through the sink's sender process. `WRITERS` maps each kind of sink of
+transforms.api to its writer class, so a new kind of sink is a new class there.
 
-Exactly once: Delta writes carry the app transaction (query, batch id) and check it before writing;
-a TCP sink keeps a marker file of the last batch it sent.
+Exactly once: Delta writes carry Delta's idempotent-write identifiers (app id = query, generation and
+table; version = batch id), so Delta skips a replayed batch (lake/writes.py); a TCP sink keeps a
+marker file of the last batch it sent.
 """
 
 from __future__ import annotations
@@ -22,39 +25,27 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from transforms import lake
 from transforms.api import DeltaSink, TCPSink
-from transforms.engine.envelope import ENVELOPE
+from transforms.engine.envelope import DECODED_PREFIX, ENVELOPE
 from transforms.engine.plan import QueryMode, QueryPlan
-from transforms.engine.staging import (
-    FILE,
+from transforms.engine.report import RunReport
+from transforms.engine.sink_rows import (
+    ORDER,
     QUARANTINE_COLUMNS,
-    QUARANTINE_ROWS,
-    RECEIVE_TIMES,
-    STAGED,
-    Outputs,
-    StageBatch,
-    StagingJournal,
-    StagingPlan,
-    direct_rows,
-    discard_uncommitted,
-    encode_all,
-    from_ipc,
-    new_token,
-    of_kind,
-    outputs_to_table,
-    unordered,
+    QUARANTINE_INDEX,
+    RECEIVE_TIME,
+    SINK_INDEX,
+    AllSinkRowsFn,
+    InferSchemaFn,
+    sink_column,
 )
 from transforms.files import write_text_atomic
 from transforms.settings import ConfigError, Settings
-
-if TYPE_CHECKING:
-    from transforms.engine.runner import RunReport
 
 QUARANTINE_TABLE = "quarantine"
 QUARANTINE_SCHEMA = pa.schema(
@@ -70,7 +61,8 @@ QUARANTINE_SCHEMA = pa.schema(
         ("batch_id", pa.int64()),
     ]
 )
-
+# What a writer did with a batch: wrote it, found it committed before (a replay), or had nothing for it.
+NEW, REPLAYED = "new", "replayed"
 
 
 # -- the foreachBatch function ----------------------------------------------------------------------
@@ -88,15 +80,16 @@ class BatchDone:
     replayed: bool  # a batch whose writes were all in the lake already
 
 
+def _col(name: str):
+    from pyspark.sql import functions as F
+
+    return F.col("`" + name.replace("`", "``") + "`")
+
+
 class BatchWriter:
     """One query's foreachBatch function; `close()` when the query ends. `on_batch`, if given, hears
     about every batch after its writes (called on the query's thread: keep it quick); with
-    `per_row_latencies` its latencies hold one value per row, else only the oldest row's.
-
-    Two write paths, same tables (a test holds them equal): `settings.write_path == "executor"` (the
-    default) stages the batch on the executors (staging.py: they write the append sinks' Parquet files;
-    the driver commits them and the bounded rest); `"driver"`, the reference form, collects the whole
-    batch to the driver and writes it there with delta-rs."""
+    `per_row_latencies` its latencies hold one value per row, else only the oldest row's."""
 
     def __init__(self, plan: QueryPlan, settings: Settings, report: RunReport,
                  tcp_addresses: Mapping[str, str | None], on_batch: Callable[[BatchDone], None] | None = None,
@@ -109,125 +102,187 @@ class BatchWriter:
         self.per_row_latencies = per_row_latencies
         self.quarantine = QuarantineWriter(ctx)
         self.sinks = make_sink_writers(ctx)
-        self.journal = StagingJournal(plan.checkpoint(settings))
-        self.fused: StagingPlan | None = None  # a direct plan stages inside the query's own stage
-        self.fused_entry = None
-        if settings.write_path == "executor":
-            self.journal.recover()  # files of attempts that a crash left uncommitted
-            if plan.mode is QueryMode.DIRECT:
-                # One token for the query run: the tasks stage before the batch (or its replay) is known.
-                self.fused = self._staging_plan(None, every_sink=True)
-                self.fused_entry = self.journal.open(self.fused.token, -1, sorted(self.fused.append_roots.values()))
-
-    def _staging_plan(self, batch_id: int | None, every_sink: bool = False) -> StagingPlan:
-        def needed(w) -> bool:
-            return every_sink or not w.committed(batch_id)
-
-        deltas = [w for w in self.sinks if isinstance(w, DeltaSinkWriter)]
-        return StagingPlan(
-            plan=self.plan, batch_id=batch_id, token=new_token(),
-            append_roots={w.sink.table: str(w.root.absolute()) for w in deltas if w.sink.mode == "append" and needed(w)},
-            upserts=frozenset(w.sink.table for w in deltas if w.sink.mode == "upsert" and needed(w)),
-            tcp_sinks=frozenset(w.sink.name for w in self.sinks if isinstance(w, TCPSinkWriter) and w.sender is not None),
-            all_receive_times=self.per_row_latencies,
-        )
 
     def __call__(self, batch_df, batch_id: int) -> None:
         report = self.report
         before = dict(report.rows_written)
-        if self.settings.write_path == "executor":
-            wrote_any, received, rows = self._write_staged(batch_df, batch_id)
+        # This thread's jobs run in the query's own scheduler pool (spark.py: FAIR between pools).
+        batch_df.sparkSession.sparkContext.setLocalProperty("spark.scheduler.pool", self.plan.name)
+        if self.plan.mode is QueryMode.DIRECT:
+            rows, outcomes, received = self._write_direct(batch_df, batch_id)
         else:
-            wrote_any, received, rows = self._write_collected(batch_df, batch_id)
+            rows, outcomes, received = self._write_envelopes(batch_df, batch_id)
+        wrote_any = NEW in outcomes
         report.batches += 1
-        if not wrote_any and rows:
+        replayed = bool(rows) and REPLAYED in outcomes and not wrote_any
+        if replayed:
             report.skipped_batches += 1
         now = time.time()
-        received_s = pc.divide(received.cast(pa.int64()), 1e6)  # epoch seconds
-        oldest = pc.min(received_s)
-        if oldest.is_valid:
-            report.max_lag_seconds = max(report.max_lag_seconds or 0.0, now - oldest.as_py())
+        if received:
+            report.max_lag_seconds = max(report.max_lag_seconds or 0.0, now - min(received))
         if self.on_batch is not None:
             written = {k: v - before.get(k, 0) for k, v in report.rows_written.items() if v != before.get(k, 0)}
-            latencies = pc.subtract(pa.scalar(now), received_s).to_pylist()
-            self.on_batch(BatchDone(self.plan.name, batch_id, written, latencies, now, bool(rows) and not wrote_any))
+            self.on_batch(BatchDone(self.plan.name, batch_id, written, [now - t for t in received], now, replayed))
 
-    # Each path returns: whether it wrote anything, the receive times, and whether the batch had rows.
-    def _write_collected(self, batch_df, batch_id: int) -> tuple[bool, pa.ChunkedArray, int]:
-        """The reference path: the whole batch on the driver, written there."""
-        table = batch_df.toArrow() if hasattr(batch_df, "toArrow") else pa.Table.from_pandas(batch_df.toPandas())
-        table = table.sort_by([("seq", "ascending"), ("part", "ascending")]) if table.num_rows else table
-        kind = table.column("kind")
-        wrote_any = self.quarantine.write(of_kind(table, kind, "quarantine"), batch_id)
-        outputs = Outputs(of_kind(table, kind, "out"))
-        for sink in self.sinks:
-            wrote_any |= sink.write(outputs, batch_id)
-        received = table.column("receive_time").drop_null()
-        if not self.per_row_latencies and len(received):
-            received = pa.chunked_array([[pc.min(received).as_py()]], received.type)
-        return wrote_any, received, table.num_rows
+    def _received(self, oldest, times) -> list[float]:
+        if self.per_row_latencies and times is not None:
+            return [t.timestamp() for t in times if t is not None]
+        return [oldest.timestamp()] if oldest is not None else []
 
-    def _write_staged(self, batch_df, batch_id: int) -> tuple[bool, pa.ChunkedArray, int]:
-        """The executors stage the batch in one Spark job; the driver commits what they staged."""
+    def _write_direct(self, batch_df, batch_id: int) -> tuple[int, list, list[float]]:
+        """A direct plan (bronze): the decoded columns are the rows; Spark casts them, no Python here."""
+        from pyspark import StorageLevel
+        from pyspark.sql import functions as F
+
+        df = batch_df.persist(StorageLevel.MEMORY_AND_DISK)  # read by the count, the quarantine and the sink
+        try:
+            times = [F.collect_list("receive_time").alias("times")] if self.per_row_latencies else []
+            kinds = {r["kind"]: r for r in df.groupBy("kind").agg(
+                F.count(F.lit(1)).alias("n"), F.min("receive_time").alias("oldest"), *times).collect()}
+            outcomes = []
+            if "quarantine" in kinds:
+                q = df.where(F.col("kind") == "quarantine").select(*QUARANTINE_COLUMNS).toArrow()
+                outcomes.append(self.quarantine.write(q, df.sparkSession, batch_id))
+            if "out" in kinds:
+                outs = df.where(F.col("kind") == "out")
+                outcomes += [w.write_direct(outs, kinds["out"]["n"], batch_id) for w in self.sinks]
+        finally:
+            df.unpersist()
+        received = [t for r in kinds.values() for t in self._received(r["oldest"], r["times"] if times else None)]
+        return sum(r["n"] for r in kinds.values()), outcomes, received
+
+    def _write_envelopes(self, batch_df, batch_id: int) -> tuple[int, list, list[float]]:
+        """Every sink's rows and the quarantine rows from one Python pass over the batch (each output
+        unpickled once), kept while they are written. One Spark job runs the query's stages, that
+        pass, and brings the counts and the TCP sinks' bytes to the driver: the answers go out, then the
+        lake's writes run (appends side by side, MERGEs one after another)."""
+        from pyspark import StorageLevel
+        from pyspark.sql import functions as F
         from pyspark.sql.pandas.types import from_arrow_schema
 
-        if self.fused is not None:  # the query's rows are staged already (runner.build_stream)
-            staging, entry = self.fused, None
-            result = batch_df.toArrow()
-        else:
-            staging = self._staging_plan(batch_id)
-            entry = self.journal.open(staging.token, batch_id, sorted(staging.append_roots.values()))
-            result = batch_df.mapInArrow(StageBatch(staging), from_arrow_schema(STAGED)).toArrow()
-        staged = Staged.of(result, staging)
-        q = staged.rows.get(QUARANTINE_ROWS)
-        wrote_any = self.quarantine.write(q if q is not None else EMPTY_QUARANTINE, batch_id)
-        for sink in self.sinks:
-            wrote_any |= sink.commit(staged, batch_id)
-        if entry is not None:
-            self.journal.close(entry)
-        times = staged.rows.get(RECEIVE_TIMES)
-        received = times.column("receive_time") if times is not None else pa.chunked_array([], pa.timestamp("us", tz="UTC"))
-        return wrote_any, received, int(staged.had_rows)
+        source, shapes = batch_df, {}
+        inferred = [w for w in self.sinks if isinstance(w, DeltaSinkWriter) and w.sink.schema is None]
+        if inferred:  # the inferred columns first: a pass of their own over the kept batch
+            source = batch_df.persist(StorageLevel.MEMORY_AND_DISK)
+            shapes = infer_schemas(source, [w.index for w in inferred], [w.sink for w in inferred])
+            shapes = {i: _with_table_types(s, w.root) for w, (i, s) in zip(inferred, shapes.items())}
+        writers = [w for w in self.sinks if w.active and (not isinstance(w, DeltaSinkWriter) or w.sink.schema is not None
+                                                          or shapes.get(w.index) is not None)]
+        schemas = {w.index: w.row_schema(shapes.get(w.index)) for w in writers}
+        fn = AllSinkRowsFn([w.sink for w in writers], [w.index for w in writers], schemas, batch_df_schema(self.plan))
+        rows = source.mapInArrow(fn, from_arrow_schema(fn.schema)).persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            tcp = [w.index for w in writers if isinstance(w, TCPSinkWriter)]
+            is_tcp = F.col(SINK_INDEX).isin(tcp) if tcp else F.lit(False)
+            tcp_rows = F.struct(*(F.col(sink_column(i, c)).alias(f"{c}{i}") for i in tcp for c in ("bytes", *ORDER))) if tcp else F.lit(None)
+            extra = [F.collect_list(RECEIVE_TIME).alias("times")] if self.per_row_latencies else []
+            groups = {r[SINK_INDEX]: r for r in rows.groupBy(SINK_INDEX).agg(
+                F.count(F.lit(1)).alias("n"), F.min(RECEIVE_TIME).alias("oldest"),
+                F.collect_list(F.when(is_tcp, tcp_rows)).alias("tcp"), *extra).collect()}
+            outcomes = []
+            if QUARANTINE_INDEX in groups:
+                q = rows.where(F.col(SINK_INDEX) == QUARANTINE_INDEX).select(
+                    *(_col(sink_column(QUARANTINE_INDEX, c)).alias(c) for c in QUARANTINE_COLUMNS)).toArrow()
+                outcomes.append(self.quarantine.write(q, batch_df.sparkSession, batch_id))
+            # TCP sinks first: an answer goes out before the lake's commits (each sink is exactly once
+            # on its own: a crash between them replays the batch, and each skips what it has).
+            for w in writers:
+                if isinstance(w, TCPSinkWriter) and w.index in groups:
+                    payloads = [(r[f"{ORDER[0]}{w.index}"], r[f"{ORDER[1]}{w.index}"], r[f"bytes{w.index}"])
+                                for r in groups[w.index]["tcp"]]
+                    outcomes.append(w.send(sorted(payloads), batch_id))
+            deltas = [w for w in writers if isinstance(w, DeltaSinkWriter) and w.index in groups]
+            outcomes += write_side_by_side([
+                (w.sink.mode == "upsert", lambda w=w: w.write(
+                    rows.where(F.col(SINK_INDEX) == w.index).select(
+                        *(_col(sink_column(w.index, f.name)).alias(f.name) for f in schemas[w.index])),
+                    groups[w.index]["n"], batch_id))
+                for w in deltas])
+        finally:
+            rows.unpersist()
+            if source is not batch_df:
+                source.unpersist()
+        received = [t for r in groups.values() for t in self._received(r["oldest"], r["times"] if extra else None)]
+        return sum(r["n"] for r in groups.values()), outcomes, received
 
     def close(self) -> None:
         for sink in self.sinks:
             sink.close()
-        if self.fused_entry is not None:  # the run's files that no commit took (a replay's, a retried task's)
-            for root in self.fused.append_roots.values():
-                discard_uncommitted(Path(root), self.fused.token)
-            self.journal.close(self.fused_entry)
-            self.fused_entry = None
 
 
-@dataclass
-class Staged:
-    """What the executors staged for one batch: each append table's files, and the tables of rows
-    for the driver by name (quarantine, upserts, TCP sinks, receive times)."""
-
-    staging: StagingPlan
-    files: dict[str, list[tuple[dict, pa.Schema]]]
-    rows: dict[str, pa.Table]
-    retried: set[str]  # tables with files from a retried task: earlier attempts may have left some
-    had_rows: bool  # every task with rows ships their receive times
-
-    @classmethod
-    def of(cls, result: pa.Table, staging: StagingPlan) -> Staged:
-        files: dict[str, list] = {}
-        parts: dict[str, list[pa.Table]] = {}
-        retried: set[str] = set()
-        for r in result.to_pylist():
-            if r["what"] == FILE:
-                schema = pa.ipc.read_schema(pa.py_buffer(r["schema"]))
-                files.setdefault(r["sink"], []).append((json.loads(r["data"]), schema))
-                if r["attempt"]:
-                    retried.add(r["sink"])
-            else:
-                parts.setdefault(r["sink"], []).append(from_ipc(r["data"]))
-        rows = {k: pa.concat_tables(v, promote_options="permissive") for k, v in parts.items()}
-        return cls(staging, files, rows, retried, RECEIVE_TIMES in rows)
+def batch_df_schema(plan: QueryPlan) -> pa.Schema:
+    """The envelope columns the sinks' pass reads (the stateful step's output, or the pre stage's)."""
+    return ENVELOPE if plan.keyed else plan.stage_schema
 
 
-EMPTY_QUARANTINE = pa.schema([(c, ENVELOPE.field(c).type) for c in QUARANTINE_COLUMNS]).empty_table()
+def write_side_by_side(writes: list[tuple[bool, Callable[[], str]]]) -> list[str]:
+    """Run the Delta writes of a batch at once (each a Spark job of its own, the cores shared), the
+    MERGEs one after another: a MERGE takes Delta's idempotent-write identifiers from its session's
+    settings, which two MERGEs at once would share (an append takes them as writer options). Every
+    write finishes (or fails) before this returns; the first failure is raised."""
+    if len(writes) <= 1:
+        return [fn() for _, fn in writes]
+    from concurrent.futures import ThreadPoolExecutor
+
+    merges = [fn for is_merge, fn in writes if is_merge]
+    others = [fn for is_merge, fn in writes if not is_merge]
+    jobs = [lambda: [fn() for fn in merges]] if merges else []
+    jobs += [lambda fn=fn: [fn()] for fn in others]
+    with ThreadPoolExecutor(max_workers=len(jobs), thread_name_prefix="eventide-delta-write") as pool:
+        futures = [pool.submit(job) for job in jobs]
+    results, errors = [], []
+    for f in futures:
+        try:
+            results += f.result()
+        except Exception as e:  # noqa: BLE001 - raised below, once every write has ended
+            errors.append(e)
+    if errors:
+        raise errors[0]
+    return results
+
+
+SMALL_BATCH_ROWS = 100_000
+
+
+def _few_files(rows, n: int):
+    """A small batch's rows in one task, so its append writes one file (per partition value), not one
+    per shuffle partition: fewer small files for upkeep under serve's frequent batches."""
+    return rows.coalesce(1) if n <= SMALL_BATCH_ROWS else rows
+
+
+def _with_table_types(schema: pa.Schema | None, root: Path) -> pa.Schema | None:
+    """An inferred batch schema, with the types the table already has for its columns (a batch whose
+    integers the table holds as doubles is cast, not refused)."""
+    if schema is None or not lake.exists(root):
+        return schema
+    table = lake.arrow_schema(root)
+    return pa.schema([table.field(f.name) if f.name in table.names else f for f in schema])
+
+
+def infer_schemas(outs, indexes: list[int], sinks: list[DeltaSink]) -> dict[int, pa.Schema | None]:
+    """The batch's columns of each sink without a declared schema: each task's rows' schema, unified
+    (None: the batch has no rows for the sink). A type that differs between tasks is promoted where
+    Arrow can (int to double), else an error naming the sink."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    from transforms.api import UserFunctionError
+
+    found: dict[int, list[pa.Schema]] = {}
+    for r in outs.mapInArrow(InferSchemaFn(sinks, indexes), from_arrow_schema(InferSchemaFn.OUTPUT)).collect():
+        found.setdefault(r["sink"], []).append(pa.ipc.read_schema(pa.py_buffer(r["schema"])))
+    unified = {}
+    for i in indexes:
+        schemas = found.get(i)
+        if not schemas:
+            unified[i] = None
+            continue
+        try:
+            unified[i] = pa.unify_schemas(schemas, promote_options="permissive")
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+            sink = sinks[indexes.index(i)]
+            raise UserFunctionError(f"Delta sink {sink.table!r}: the batch's outputs disagree on column types ({e}); "
+                                    "declare the sink's schema (DeltaSink(..., schema=...))") from None
+    return unified
 
 
 # -- writers -----------------------------------------------------------------------------------------
@@ -246,94 +301,87 @@ class WriteContext:
 
 
 class SinkWriter:
-    """Writes one sink's share of each micro-batch: True if it wrote the batch, False if it had
-    already (a replay) or had nothing to write."""
+    """Writes one sink's share of each micro-batch. `row_schema` says the columns it wants from the
+    executors' pass over the outputs (sink_rows.AllSinkRowsFn); `write(rows, n, batch_id)` gets them
+    (n rows) as a DataFrame and returns NEW, or REPLAYED for a batch it had written before."""
 
-    def __init__(self, sink: Any, ctx: WriteContext):
-        self.sink, self.ctx = sink, ctx
+    def __init__(self, sink: Any, ctx: WriteContext, index: int):
+        self.sink, self.ctx, self.index = sink, ctx, index
 
-    def write(self, outputs: Outputs, batch_id: int) -> bool:
-        """The reference path: write this sink's share of the whole batch, collected on the driver."""
+    @property
+    def active(self) -> bool:
+        return True
+
+    def row_schema(self, inferred: pa.Schema | None) -> pa.Schema:
         raise NotImplementedError
 
-    def commit(self, staged: Staged, batch_id: int) -> bool:
-        """The executor path: commit what the executors staged for this sink."""
+    def write(self, rows, n: int, batch_id: int) -> str | None:
         raise NotImplementedError
+
+    def write_direct(self, outs, n: int, batch_id: int) -> str | None:
+        raise TypeError(f"{type(self).__name__} takes no direct plan")
 
     def close(self) -> None:
         pass
 
 
 class DeltaSinkWriter(SinkWriter):
-    """Appends to or upserts into a Delta table, each commit carrying the app transaction."""
+    """Appends to or upserts into a Delta table (MERGE of each key's last row), exactly once by
+    Delta's idempotent writes."""
 
     sink: DeltaSink
 
-    def __init__(self, sink: DeltaSink, ctx: WriteContext):
-        super().__init__(sink, ctx)
+    def __init__(self, sink: DeltaSink, ctx: WriteContext, index: int):
+        super().__init__(sink, ctx, index)
         self.root = ctx.settings.table_path(sink.table)
         self.app_id = ctx.plan.app_id(sink.table)
-        self.done: int | None = None  # the last batch committed, read once: after that, this writer commits them
+        self.done: int | None = None  # the last batch committed (read once), for the report only
 
     def committed(self, batch_id: int) -> bool:
+        """Whether the table holds the batch already: only to report a replay (Delta skips it itself)."""
         if self.done is None:
-            self.done = lake.committed_batch(self.root, self.app_id)
-            self.done = -1 if self.done is None else self.done
+            done = lake.committed_batch(self.root, self.app_id)
+            self.done = -1 if done is None else done
         return self.done >= batch_id
 
-    def commit(self, staged: Staged, batch_id: int) -> bool:
+    def row_schema(self, inferred: pa.Schema | None) -> pa.Schema:
+        schema = self.sink.schema if self.sink.schema is not None else inferred
+        if self.sink.mode == "upsert":  # the order columns pick each key's last row
+            schema = pa.schema([*schema, pa.field(ORDER[0], pa.int64()), pa.field(ORDER[1], pa.int32())])
+        return schema
+
+    def write(self, rows, n: int, batch_id: int) -> str:
+        replay = self.committed(batch_id)
         sink = self.sink
         if sink.mode == "append":
-            if sink.table not in staged.staging.append_roots:
-                return False  # committed before (a replayed batch): the executors wrote nothing for it
-            files = staged.files.get(sink.table, [])
-            wrote = lake.commit_files_once(self.root, files, self.app_id, batch_id, sink.schema, sink.partition_by)
-            if not wrote:  # a replay (a direct plan stages before it knows): its files go
-                for add, _ in files:
-                    (self.root / add["path"]).unlink(missing_ok=True)
-            elif sink.table in staged.retried:
-                discard_uncommitted(self.root, staged.staging.token)
-            rows = sum(json.loads(add["stats"])["numRecords"] for add, _ in files)
+            lake.append_once(_few_files(rows, n), self.root, self.app_id, batch_id, sink.partition_by)
         else:
-            if sink.table not in staged.staging.upserts:
-                return False
-            data = staged.rows.get(sink.table)
-            data = unordered(data) if data is not None else (sink.schema.empty_table() if sink.schema is not None else None)
-            if data is None:
-                return False
-            wrote = lake.merge_once(self.root, data, list(sink.keys), self.app_id, batch_id)
-            rows = data.num_rows
-        if wrote:
-            self.done = batch_id
-            self.ctx.count(sink.table, rows)
-        return wrote
+            from pyspark.sql import Window
+            from pyspark.sql import functions as F
 
-    def write(self, outputs: Outputs, batch_id: int) -> bool:
-        sink = self.sink
-        data = outputs_to_table(sink, *outputs.for_sink(sink))
-        if data.num_columns == 0:
-            return False  # nothing to infer a schema from yet; the batch has no rows for this sink
-        if sink.mode == "append":
-            wrote = lake.append_once(self.root, data, self.app_id, batch_id, sink.partition_by)
-        else:
-            wrote = lake.merge_once(self.root, data, list(sink.keys), self.app_id, batch_id,
-                                    order_by=[c for c in ("seq", "part") if c in data.column_names])
-        if wrote:
-            self.ctx.count(sink.table, data.num_rows)
-        return wrote
+            last = Window.partitionBy(*(_col(k) for k in sink.keys)).orderBy(F.desc(ORDER[0]), F.desc(ORDER[1]))
+            rows = rows.withColumn("__last", F.row_number().over(last)).where("__last = 1").drop("__last", *ORDER)
+            lake.merge_once(rows, self.root, list(sink.keys), self.app_id, batch_id)
+        return self._done(batch_id, n, replay)
 
+    def write_direct(self, outs, n: int, batch_id: int) -> str:
+        """A direct plan's rows: the decoded columns (and the envelope's), cast to the sink's schema."""
+        from pyspark.sql.pandas.types import from_arrow_schema
 
-class DirectDeltaWriter(DeltaSinkWriter):
-    """Direct plans: the decoded columns are the one Delta sink's rows already (no objects)."""
+        replay = self.committed(batch_id)
+        decoded = set(self.ctx.plan.decoded_schema.names)
+        types = from_arrow_schema(self.sink.schema)
+        rows = outs.select(*(_col(DECODED_PREFIX + f.name if f.name in decoded else f.name).cast(f.dataType).alias(f.name)
+                             for f in types.fields))
+        lake.append_once(_few_files(rows, n), self.root, self.app_id, batch_id, self.sink.partition_by)
+        return self._done(batch_id, n, replay)
 
-    sink: DeltaSink
-
-    def write(self, outputs: Outputs, batch_id: int) -> bool:
-        data = direct_rows(self.ctx.plan, self.sink, outputs.table)
-        wrote = lake.append_once(self.root, data, self.app_id, batch_id, self.sink.partition_by)
-        if wrote:
-            self.ctx.count(self.sink.table, data.num_rows)
-        return wrote
+    def _done(self, batch_id: int, n: int, replay: bool) -> str:
+        if replay:
+            return REPLAYED
+        self.done = batch_id
+        self.ctx.count(self.sink.table, n)
+        return NEW
 
 
 class TCPSinkWriter(SinkWriter):
@@ -349,31 +397,26 @@ class TCPSinkWriter(SinkWriter):
 
     sink: TCPSink
 
-    def __init__(self, sink: TCPSink, ctx: WriteContext):
-        super().__init__(sink, ctx)
+    def __init__(self, sink: TCPSink, ctx: WriteContext, index: int):
+        super().__init__(sink, ctx, index)
         self.address = ctx.tcp_addresses.get(sink.name)
         self.marker = ctx.plan.checkpoint(ctx.settings) / f"tcp-{sink.name}.sent"
         self.in_doubt_log = self.marker.with_suffix(".in-doubt")
         self.sender = TCPSender(self.address, self.marker, f"TCP sink {sink.name!r} ({ctx.plan.name})") if self.address else None
 
-    def write(self, outputs: Outputs, batch_id: int) -> bool:
-        if self.sender is None:
-            return False
-        chosen, _ = outputs.for_sink(self.sink)
-        if not chosen:
-            return False
-        sent = self._send_once(lambda: b"".join(encode_all(self.sink, chosen)), batch_id)
-        self.ctx.count(f"tcp:{self.sink.name}", len(chosen))  # replays count too, as they always have
-        return sent
+    @property
+    def active(self) -> bool:
+        return self.sender is not None
 
-    def commit(self, staged: Staged, batch_id: int) -> bool:
-        rows = staged.rows.get("tcp:" + self.sink.name)
-        if self.sender is None or rows is None or not rows.num_rows:
-            return False
-        encoded = unordered(rows).column("bytes")
-        sent = self._send_once(lambda: b"".join(encoded.to_pylist()), batch_id)
-        self.ctx.count(f"tcp:{self.sink.name}", len(encoded))
-        return sent
+    def row_schema(self, inferred: pa.Schema | None) -> pa.Schema:
+        return pa.schema([("bytes", pa.binary()), (ORDER[0], pa.int64()), (ORDER[1], pa.int32())])
+
+    def send(self, payloads: list[tuple[int, int, bytes]], batch_id: int) -> str | None:
+        """Send the batch's encoded outputs, (seq, part, bytes) in their inputs' order, unless sent before."""
+        encoded = [p for _, _, p in payloads]
+        sent = self._send_once(lambda: b"".join(encoded), batch_id)
+        self.ctx.count(f"tcp:{self.sink.name}", len(encoded))  # replays count too, as they always have
+        return NEW if sent else None
 
     def _read_marker(self) -> tuple[int, int | None]:
         """(last batch sent, batch whose send started and did not finish, or None)."""
@@ -421,15 +464,20 @@ class QuarantineWriter:
     """Writes a micro-batch's quarantine envelopes to the quarantine table, with the exact payloads:
     one row per (stream, seq, step). A payload its stream's decoder rejects is rejected by every query
     reading the stream (bronze and each app): the first query to write it keeps the row (its name is in
-    `query`), the others insert nothing. Insert-only merge with the app transaction: exactly once."""
+    `query`), the others insert nothing. An insert-only MERGE with Delta's idempotent-write
+    identifiers: exactly once. The rows come to the driver (they are few: bad messages) to take the
+    payloads that did not travel with them from the landing log."""
 
     def __init__(self, ctx: WriteContext):
         self.ctx = ctx
         self.path = ctx.settings.table_path(QUARANTINE_TABLE)
+        self.app_id = ctx.plan.app_id("quarantine")
 
-    def write(self, q: pa.Table, batch_id: int) -> bool:
+    def write(self, q: pa.Table, spark, batch_id: int) -> str:
+        """`q`: the batch's quarantine envelopes (QUARANTINE_COLUMNS), on the driver."""
         plan = self.ctx.plan
-        if q.num_rows and q.column("payload").null_count:
+        done = lake.committed_batch(self.path, self.app_id)
+        if q.column("payload").null_count:
             q = _with_landed_payloads(q, self.ctx.settings, plan.group)
         qtable = pa.table(
             {
@@ -445,18 +493,27 @@ class QuarantineWriter:
             },
             schema=QUARANTINE_SCHEMA,
         )
-        wrote = False
-        # Once the table exists every batch commits, empty or not, so a replayed batch shows as skipped.
-        if q.num_rows or lake.exists(self.path):
-            seqs = pc.min_max(qtable.column("seq")) if q.num_rows else None
-            prune = f"t.seq >= {seqs['min']} AND t.seq <= {seqs['max']}" if seqs else None
-            wrote = lake.insert_new_once(self.path, qtable, QUARANTINE_KEYS, plan.app_id("quarantine"), batch_id,
-                                         prune=prune)
+        unique = qtable.group_by(list(QUARANTINE_KEYS), use_threads=False).aggregate([])
+        if unique.num_rows < qtable.num_rows:  # one row per key (a MERGE source must not repeat a key)
+            qtable = _first_per_key(qtable)
+        seqs = pa.compute.min_max(qtable.column("seq"))
+        df = spark.createDataFrame(qtable)
+        lake.merge_once(df, self.path, QUARANTINE_KEYS, self.app_id, batch_id, update=False,
+                        prune=f"t.seq >= {seqs['min']} AND t.seq <= {seqs['max']}")
         self.ctx.report.quarantined += q.num_rows
-        return wrote
+        return REPLAYED if done is not None and done >= batch_id else NEW
 
     def close(self) -> None:
         pass
+
+
+def _first_per_key(table: pa.Table) -> pa.Table:
+    seen, keep = set(), []
+    for i, key in enumerate(zip(*(table.column(k).to_pylist() for k in QUARANTINE_KEYS))):
+        if key not in seen:
+            seen.add(key)
+            keep.append(i)
+    return table.take(keep)
 
 
 def _with_landed_payloads(q: pa.Table, settings: Settings, group: str) -> pa.Table:
@@ -478,16 +535,12 @@ WRITERS: dict[type, type[SinkWriter]] = {DeltaSink: DeltaSinkWriter, TCPSink: TC
 
 def make_sink_writers(ctx: WriteContext) -> list[SinkWriter]:
     """One writer per sink of the plan, in the plan's order."""
-    plan = ctx.plan
-    if plan.mode is QueryMode.DIRECT:
-        (sink,) = plan.sinks
-        return [DirectDeltaWriter(sink, ctx)]
     writers = []
-    for sink in plan.sinks:
+    for i, sink in enumerate(ctx.plan.sinks):
         writer = WRITERS.get(type(sink))
         if writer is None:
-            raise TypeError(f"query {plan.name!r}: no writer for sink {sink!r} (known: {[t.__name__ for t in WRITERS]})")
-        writers.append(writer(sink, ctx))
+            raise TypeError(f"query {ctx.plan.name!r}: no writer for sink {sink!r} (known: {[t.__name__ for t in WRITERS]})")
+        writers.append(writer(sink, ctx, i))
     return writers
 
 

@@ -10,7 +10,6 @@ from transforms.api import Application, DeltaSink, source, state_computation
 from transforms.engine import plan_queries, run_application
 from transforms.engine.archive import archive_committed
 from transforms.engine.runner import last_planned_batch, nothing_new
-from transforms.engine.staging import StagingJournal
 
 
 def _no_spark():
@@ -47,13 +46,6 @@ def test_a_query_runs_only_when_something_landed_since_its_last_commit(spark, se
 
     # Archived segments were committed by every query: still nothing new.
     assert archive_committed(settings, plan_queries(app, settings)) == {"text": 2}
-    assert nothing_new(plan, settings)
-
-    # A staged attempt a crash left behind must be cleaned up by a run.
-    journal = StagingJournal(plan.checkpoint(settings))
-    entry = journal.open("deadbeef", 99, [])
-    assert not nothing_new(plan, settings)
-    journal.close(entry)
     assert nothing_new(plan, settings)
 
 

@@ -26,7 +26,6 @@ from transforms.engine import (
     run_application,
 )
 from transforms.engine.sinks import WRITERS, resolve_tcp_sinks
-from transforms.engine.staging import InProcessBatch
 from transforms.registry import registry_of
 from transforms.settings import ConfigError, Settings
 
@@ -78,10 +77,9 @@ def test_every_kind_of_sink_has_a_writer():
     assert set(WRITERS) == set(Sink.__args__)
 
 
-def _Batch(table):
-    """What foreachBatch hands the writer, already computed, staged here in two "tasks" (the real
-    engine's staging runs in tests/transforms/test_write_paths.py)."""
-    return InProcessBatch(table, tasks=2)
+def _Batch(spark, table):
+    """What foreachBatch hands the writer: a Spark DataFrame of envelopes, in two partitions."""
+    return spark.createDataFrame(table).repartition(2)
 
 
 def _envelopes(rows):
@@ -104,13 +102,13 @@ def _listener():
     return server, thread, got
 
 
-@pytest.mark.parametrize("write_path", ["executor", "driver"])
-def test_batch_writer_quarantines_first_then_writes_each_sink_once(tmp_path, write_path):
+@pytest.mark.spark
+def test_batch_writer_quarantines_first_then_writes_each_sink_once(spark, tmp_path):
     server, thread, got = _listener()
     app = _app(DeltaSink("t"), TCPSink("lines", as_line), TCPSink("x", as_line, optional=True))
-    settings = Settings(home=tmp_path, app_registry=registry_of([app]), write_path=write_path)
+    settings = Settings(home=tmp_path, app_registry=registry_of([app]))
     (plan,) = plan_queries(app, settings)
-    batch = _Batch(_envelopes([
+    batch = _Batch(spark, _envelopes([
         {"kind": "out", "seq": 2, "msg": pickle.dumps({"text": "b"})},
         {"kind": "quarantine", "seq": 3, "step": "decoder text", "reason": "bad", "payload": b"\xff"},
         {"kind": "out", "seq": 1, "msg": pickle.dumps({"text": "a"})},
@@ -130,16 +128,16 @@ def test_batch_writer_quarantines_first_then_writes_each_sink_once(tmp_path, wri
     assert report.batches == 2 and report.skipped_batches == 1
 
 
-@pytest.mark.parametrize("write_path", ["executor", "driver"])
-def test_a_failing_sink_never_loses_the_quarantined_messages(tmp_path, write_path):
+@pytest.mark.spark
+def test_a_failing_sink_never_loses_the_quarantined_messages(spark, tmp_path):
     free = socket.create_server(("127.0.0.1", 0))
     port = free.getsockname()[1]
     free.close()  # nobody listens there
     app = _app(TCPSink("lines", as_line))
-    settings = Settings(home=tmp_path, app_registry=registry_of([app]), write_path=write_path)
+    settings = Settings(home=tmp_path, app_registry=registry_of([app]))
     (plan,) = plan_queries(app, settings)
     writer = BatchWriter(plan, settings, RunReport(plan.name), {"lines": f"127.0.0.1:{port}"})
-    batch = _Batch(_envelopes([
+    batch = _Batch(spark, _envelopes([
         {"kind": "quarantine", "seq": 1, "step": "s", "reason": "bad", "payload": b"x"},
         {"kind": "out", "seq": 2, "msg": pickle.dumps({"text": "b"})},
     ]))
@@ -160,7 +158,7 @@ def _tcp_writer(tmp_path, address: str, **settings):
     (plan,) = plan_queries(s.registry.app("y"), s)
     (sink,) = plan.sinks
     report = RunReport(plan.name)
-    return TCPSinkWriter(sink, WriteContext(plan, s, report, {"lines": address})), report
+    return TCPSinkWriter(sink, WriteContext(plan, s, report, {"lines": address}), 0), report
 
 
 # Far more than loopback's socket buffers hold: with the receiver not reading, the send blocks half way.

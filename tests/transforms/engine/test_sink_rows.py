@@ -1,0 +1,111 @@
+"""A micro-batch's outputs as sink rows, without Spark: the columnar forms against the row-by-row
+reference, and every sink's rows from one pass against each sink's own."""
+
+import datetime as dt
+import pickle
+from dataclasses import dataclass
+
+import pyarrow as pa
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from transforms.api import DeltaSink, TCPSink
+from transforms.engine.envelope import ENVELOPE
+from transforms.engine.sink_rows import (
+    ORDER,
+    RECEIVE_TIME,
+    SINK_INDEX,
+    AllSinkRowsFn,
+    Outputs,
+    outputs_to_table,
+    sink_column,
+)
+
+UTC = dt.timezone.utc
+
+
+# -- a batch's outputs as sink rows: the columnar form against the row-by-row reference ----------------
+@dataclass
+class _Reading:
+    sensor: str
+    value: float
+
+
+def _reference_rows(sink, outs: list, meta: dict) -> pa.Table:
+    """The simple form: a dict per output, the envelope's metadata over it, Arrow from the rows."""
+    from transforms.api import to_record
+
+    records = [dict(to_record(o)) for o in outs]
+    for col in sink.metadata:
+        for r, v in zip(records, meta[col]):
+            r[col] = v
+    return pa.Table.from_pylist([{n: r.get(n) for n in sink.schema.names} for r in records], schema=sink.schema)
+
+
+outputs = st.lists(st.one_of(
+    st.builds(_Reading, st.sampled_from(["a", "b", "ü"]), st.floats(allow_nan=False)),
+    st.fixed_dictionaries({"sensor": st.one_of(st.none(), st.text(max_size=5)),
+                           "value": st.one_of(st.none(), st.integers(-1000, 1000)), "seq": st.integers(0, 9)}),
+    st.integers(),  # not for the sink: `wants` leaves it out
+), max_size=20)
+
+
+@settings(max_examples=60, deadline=None)
+@given(outs=outputs, with_meta=st.booleans())
+def test_outputs_to_table_equals_the_row_by_row_form(outs, with_meta):
+    schema = pa.schema([("sensor", pa.string()), ("value", pa.float64()), ("seq", pa.int64()),
+                        ("receive_time", pa.timestamp("us", tz="UTC"))])
+    sink = DeltaSink("readings", schema=schema, metadata=("seq", "receive_time") if with_meta else (),
+                     accepts=lambda o: not isinstance(o, int))
+    n = len(outs)
+    table = pa.table({
+        "kind": ["out"] * n, "seq": list(range(100, 100 + n)), "part": [0] * n,
+        "msg": [pickle.dumps(o) for o in outs],
+        "stream": ["s"] * n,
+        "receive_time": [dt.datetime(2004, 3, 7, 0, 0, i, tzinfo=UTC) for i in range(n)],
+        "connection": [None] * n,
+    }, schema=pa.schema([ENVELOPE.field(c) for c in ("kind", "seq", "part", "msg", "stream", "receive_time",
+                                                     "connection")]))
+    chosen, meta = Outputs(table).for_sink(sink)
+    assert all(not isinstance(o, int) for o in chosen)
+    got = outputs_to_table(sink, chosen, meta)
+    want = _reference_rows(sink, chosen, {c: meta[c] for c in meta})
+    assert got.equals(want)
+
+
+def _envelopes(outs: list) -> pa.Table:
+    n = len(outs)
+    given = {
+        "kind": ["out"] * n, "seq": list(range(100, 100 + n)), "part": [0] * n,
+        "msg": [pickle.dumps(o) for o in outs], "stream": ["s"] * n,
+        "receive_time": [dt.datetime(2004, 3, 7, 0, 0, i % 60, tzinfo=UTC) for i in range(n)],
+    }
+    return pa.table({f.name: given.get(f.name, [None] * n) for f in ENVELOPE}, schema=ENVELOPE)
+
+
+@settings(max_examples=40, deadline=None)
+@given(outs=outputs, tasks=st.integers(1, 3))
+def test_every_sinks_rows_from_one_pass_equal_each_sinks_own(outs, tasks):
+    """AllSinkRowsFn (one pass, each output unpickled once, split over tasks) gives each sink exactly
+    the rows outputs_to_table gives it alone, in order."""
+    schema = pa.schema([("sensor", pa.string()), ("value", pa.float64())])
+    appended = DeltaSink("readings", schema=schema, accepts=lambda o: not isinstance(o, int))
+    upserted = DeltaSink("latest", mode="upsert", keys=("sensor",), schema=schema, accepts=lambda o: not isinstance(o, int))
+    sent = TCPSink("numbers", encoder=lambda o: str(o).encode(), accepts=lambda o: isinstance(o, int), optional=True)
+    order = [pa.field(ORDER[0], pa.int64()), pa.field(ORDER[1], pa.int32())]
+    schemas = {0: schema, 1: pa.schema([*schema, *order]), 2: pa.schema([("bytes", pa.binary()), *order])}
+    table = _envelopes(outs)
+    fn = AllSinkRowsFn([appended, upserted, sent], [0, 1, 2], schemas, table.schema)
+    step = max(1, -(-table.num_rows // tasks))
+    parts = [table.slice(i, step) for i in range(0, table.num_rows, step)]
+    got = pa.Table.from_batches([b for p in parts for b in fn(iter(p.to_batches()))], schema=fn.schema)
+    for i, sink in enumerate([appended, upserted]):
+        mine = got.filter(pa.compute.equal(got.column(SINK_INDEX), i))
+        rows = pa.table({f.name: mine.column(sink_column(i, f.name)) for f in schema}, schema=schema)
+        chosen, meta = Outputs(table).for_sink(sink)
+        assert rows.equals(outputs_to_table(sink, chosen, meta))
+        assert mine.column(RECEIVE_TIME).to_pylist() == meta.arrow("receive_time").to_pylist()
+    mine = got.filter(pa.compute.equal(got.column(SINK_INDEX), 2))
+    assert mine.column(sink_column(2, "bytes")).to_pylist() == [str(o).encode() for o in outs if isinstance(o, int)]
+    assert mine.column(sink_column(2, ORDER[0])).to_pylist() == [100 + j for j, o in enumerate(outs) if isinstance(o, int)]
+

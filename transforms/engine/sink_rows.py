@@ -1,0 +1,230 @@
+"""A micro-batch's outputs as each sink's rows: pure Arrow functions, and the mapInArrow functions
+that run them on the executors (sinks.py writes their results with Spark's Delta writer).
+
+`outputs_to_table` is the fast form (column by column); tests hold it equal to the row-by-row
+reference (`to_record` per output, then `pa.Table.from_pylist`).
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Iterator, Mapping
+from functools import cached_property
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from transforms.api import DeltaSink, TCPSink, UserFunctionError, to_record
+
+METADATA_COLUMNS = ("seq", "part", "stream", "receive_time", "connection")
+# An upsert's or TCP sink's rows carry their input's order, to keep the last per key / send in order.
+ORDER = ("__eventide_seq", "__eventide_part")
+
+
+def of_kind(table: pa.Table, kind: pa.ChunkedArray, value: str) -> pa.Table:
+    return table.filter(pc.fill_null(pc.equal(kind, value), False))
+
+
+class Outputs:
+    """A micro-batch's "out" envelopes in order; the messages are unpickled on first use."""
+
+    def __init__(self, table: pa.Table):
+        self.table = table
+
+    @cached_property
+    def messages(self) -> list:
+        return [pickle.loads(b) for b in self.table.column("msg").to_pylist()]
+
+    @cached_property
+    def metadata(self) -> EnvelopeColumns:
+        return EnvelopeColumns(self.table)
+
+    def for_sink(self, sink: DeltaSink | TCPSink) -> tuple[list, EnvelopeColumns]:
+        """The outputs `sink` accepts, and the envelope columns of each."""
+        sel = [i for i, out in enumerate(self.messages) if sink.wants(out)]
+        if len(sel) == len(self.messages):  # the common case: the sink takes every output
+            return self.messages, self.metadata
+        return [self.messages[i] for i in sel], EnvelopeColumns(self.table, pa.array(sel, pa.int64()))
+
+
+class EnvelopeColumns(Mapping):
+    """The envelope's metadata columns (METADATA_COLUMNS) of some outputs: `[name]` as a Python list,
+    made on first use, or `arrow(name)` as an Arrow array (no Python objects: receive_time's
+    datetimes cost more than the rest of a batch's rows)."""
+
+    def __init__(self, table: pa.Table, rows: pa.Array | None = None):
+        self.table, self.rows, self._lists = table, rows, {}
+
+    def arrow(self, name: str) -> pa.ChunkedArray:
+        column = self.table.column(name)
+        return column if self.rows is None else column.take(self.rows)
+
+    def __getitem__(self, name: str) -> list:
+        if name not in METADATA_COLUMNS:
+            raise KeyError(name)
+        if name not in self._lists:
+            self._lists[name] = self.arrow(name).to_pylist()
+        return self._lists[name]
+
+    def __iter__(self):
+        return iter(METADATA_COLUMNS)
+
+    def __len__(self) -> int:
+        return len(METADATA_COLUMNS)
+
+
+def outputs_to_table(sink: DeltaSink, outs: list, meta: EnvelopeColumns) -> pa.Table:
+    """A Delta sink's outputs as rows of its schema (or inferred), with the metadata columns it asks for."""
+    records = [to_record(o) for o in outs]  # not changed below: a dict output is its own record
+    if sink.schema is not None:
+        # Column by column: a metadata column the sink asks for comes from the envelope, over the output's.
+        columns = {n: meta.arrow(n) if n in sink.metadata else [r.get(n) for r in records] for n in sink.schema.names}
+        try:
+            return pa.Table.from_pydict(columns, schema=sink.schema)
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+            raise UserFunctionError(
+                f"outputs for Delta sink {sink.table!r} do not fit its schema ({e}); first output: {outs[0]!r}"
+            ) from None
+    records = [dict(r) for r in records]
+    for col in sink.metadata:
+        for r, v in zip(records, meta[col]):
+            r[col] = v
+    if not records:
+        return pa.table({})
+    return pa.Table.from_pylist(records)
+
+
+def encode_all(sink: TCPSink, outs: list) -> list[bytes]:
+    from transforms.framing import DEFAULT_FRAMING
+
+    return [DEFAULT_FRAMING.encode(sink.encoder(o)) if sink.framed else sink.encoder(o) for o in outs]
+
+
+def with_order(data: pa.Table, meta: EnvelopeColumns) -> pa.Table:
+    return data.append_column(ORDER[0], meta.arrow("seq").cast(pa.int64())).append_column(
+        ORDER[1], meta.arrow("part").cast(pa.int32()))
+
+
+def inferred_schema(data: pa.Table) -> pa.Schema:
+    """The Delta columns of inferred rows: a column with no value yet has no Delta type, so it is left
+    out (it reads as null until a batch gives it values)."""
+    return pa.schema([f for f in data.schema if not pa.types.is_null(f.type)])
+
+
+def conform(data: pa.Table, schema: pa.Schema, sink: str) -> pa.Table:
+    """Inferred rows in the batch's unified `schema` (a column a task did not see is null)."""
+    columns = []
+    for f in schema:
+        if f.name not in data.column_names or pa.types.is_null(data.schema.field(f.name).type):
+            columns.append(pa.nulls(data.num_rows, f.type))
+            continue
+        try:
+            columns.append(data.column(f.name).cast(f.type))
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as e:
+            raise UserFunctionError(
+                f"Delta sink {sink!r}: column {f.name!r} holds {data.schema.field(f.name).type} in some outputs and "
+                f"{f.type} in others ({e}); declare the sink's schema (DeltaSink(..., schema=...))") from None
+    return pa.table(columns, schema=schema)
+
+
+def _outputs(batches: Iterator[pa.RecordBatch]) -> Outputs | None:
+    batches = list(batches)
+    table = pa.Table.from_batches(batches) if batches else None
+    if table is None or not table.num_rows:
+        return None
+    return Outputs(table.sort_by([("seq", "ascending"), ("part", "ascending")]))
+
+
+SINK_INDEX = "__eventide_sink"
+RECEIVE_TIME = "__eventide_receive_time"
+QUARANTINE_INDEX = -1  # the quarantine envelopes' rows among the sinks' (AllSinkRowsFn)
+QUARANTINE_COLUMNS = ("stream", "seq", "receive_time", "connection", "step", "reason", "payload")
+
+
+def sink_column(index: int, name: str) -> str:
+    """A sink's column in the rows of every sink (AllSinkRowsFn): its name under the sink's index."""
+    return f"s{index}__{name}" if index >= 0 else f"q__{name}"
+
+
+class AllSinkRowsFn:
+    """mapInArrow: a micro-batch's envelopes in, every sink's rows out, from one pass (each output
+    unpickled once): a row per output a sink accepts, marked with the sink's index (SINK_INDEX), in the
+    sink's columns (`schemas`: each sink's row schema, its own or the batch's inferred one; an upsert's
+    and a TCP sink's with the ORDER columns), under `sink_column` names, the other sinks' columns null;
+    and a row per quarantine envelope (QUARANTINE_INDEX, its QUARANTINE_COLUMNS). Every row carries its
+    input's receive time (RECEIVE_TIME), for the batch's latencies."""
+
+    def __init__(self, sinks: list, indexes: list[int], schemas: dict[int, pa.Schema], envelope: pa.Schema):
+        self.sinks, self.indexes, self.schemas = sinks, indexes, schemas
+        self.quarantine = pa.schema([envelope.field(c) for c in QUARANTINE_COLUMNS])
+        fields = [pa.field(SINK_INDEX, pa.int32()), pa.field(RECEIVE_TIME, envelope.field("receive_time").type)]
+        fields += [pa.field(sink_column(QUARANTINE_INDEX, f.name), f.type) for f in self.quarantine]
+        for i in indexes:
+            fields += [pa.field(sink_column(i, f.name), f.type) for f in schemas[i]]
+        self.schema = pa.schema(fields)
+
+    def rows(self, sink, index: int, outputs: Outputs) -> pa.Table | None:
+        chosen, meta = outputs.for_sink(sink)
+        if not chosen:
+            return None
+        schema = self.schemas[index]
+        if isinstance(sink, TCPSink):
+            data = pa.table({"bytes": pa.array(encode_all(sink, chosen), pa.binary())})
+        else:
+            data = outputs_to_table(sink, chosen, meta)
+            if sink.schema is None:
+                data = conform(data, pa.schema([f for f in schema if f.name not in ORDER]), sink.table)
+        if ORDER[0] in schema.names:
+            data = with_order(data, meta)
+        return data.append_column(RECEIVE_TIME, meta.arrow("receive_time"))
+
+    def _marked(self, index: int, data: pa.Table) -> pa.Table:
+        n = data.num_rows
+        columns = {f.name: pa.nulls(n, f.type) for f in self.schema}
+        columns[SINK_INDEX] = pa.array([index] * n, pa.int32())
+        for name in data.column_names:
+            columns[RECEIVE_TIME if name == RECEIVE_TIME else sink_column(index, name)] = data.column(name)
+        return pa.table(columns, schema=self.schema)
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        batches = list(batches)
+        if not batches:
+            return
+        table = pa.Table.from_batches(batches)
+        kind = table.column("kind")
+        quarantined = of_kind(table, kind, "quarantine")
+        if quarantined.num_rows:
+            rows = quarantined.select(list(QUARANTINE_COLUMNS)).append_column(RECEIVE_TIME, quarantined.column("receive_time"))
+            yield from self._marked(QUARANTINE_INDEX, rows).to_batches()
+        outputs = _outputs(iter(of_kind(table, kind, "out").to_batches()))
+        if outputs is None:
+            return
+        for sink, index in zip(self.sinks, self.indexes):
+            data = self.rows(sink, index, outputs)
+            if data is not None:
+                yield from self._marked(index, data).to_batches()
+
+
+class InferSchemaFn:
+    """mapInArrow: "out" envelopes in, a row per task and sink without a declared schema out: the
+    serialized schema of the rows it would give the sink (the driver unifies them)."""
+
+    OUTPUT = pa.schema([("sink", pa.int32()), ("schema", pa.binary())])
+
+    def __init__(self, sinks: list[DeltaSink], indexes: list[int]):
+        self.sinks, self.indexes = sinks, indexes
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        batches = list(batches)
+        if not batches:
+            return
+        table = pa.Table.from_batches(batches)
+        outputs = _outputs(iter(of_kind(table, table.column("kind"), "out").to_batches()))
+        if outputs is None:
+            return
+        for sink, index in zip(self.sinks, self.indexes):
+            chosen, meta = outputs.for_sink(sink)
+            if chosen:
+                schema = inferred_schema(outputs_to_table(sink, chosen, meta))
+                yield pa.RecordBatch.from_pydict({"sink": [index], "schema": [schema.serialize().to_pybytes()]},
+                                                 schema=self.OUTPUT)
