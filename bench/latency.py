@@ -666,8 +666,9 @@ class _WriteTimer:
 
         self.records: list[tuple[float, str, str, float]] = []  # (start, query, part, seconds)
         self._wrap(sinks.BatchWriter, "__call__", lambda w: w.plan.name, lambda w: "foreachBatch")
-        for cls in (sinks.DeltaSinkWriter, sinks.DirectDeltaWriter, sinks.TCPSinkWriter):
-            self._wrap(cls, "write", lambda w: w.ctx.plan.name, lambda w: f"{type(w.sink).__name__}:{_sink_name(w.sink)}")
+        for cls, method in ((sinks.DeltaSinkWriter, "write"), (sinks.DeltaSinkWriter, "write_direct"),
+                            (sinks.TCPSinkWriter, "send")):
+            self._wrap(cls, method, lambda w: w.ctx.plan.name, lambda w: f"{type(w.sink).__name__}:{_sink_name(w.sink)}")
         self._wrap(sinks.QuarantineWriter, "write", lambda w: w.ctx.plan.name, lambda w: "quarantine")
 
     def _wrap(self, cls, method, query_of, part_of):
