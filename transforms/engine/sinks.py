@@ -259,7 +259,7 @@ def _with_table_types(schema: pa.Schema | None, root: Path) -> pa.Schema | None:
     return pa.schema([table.field(f.name) if f.name in table.names else f for f in schema])
 
 
-def infer_schemas(outs, indexes: list[int], sinks: list[DeltaSink]) -> dict[int, pa.Schema | None]:
+def infer_schemas(batch, indexes: list[int], sinks: list[DeltaSink]) -> dict[int, pa.Schema | None]:
     """The batch's columns of each sink without a declared schema: each task's rows' schema, unified
     (None: the batch has no rows for the sink). A type that differs between tasks is promoted where
     Arrow can (int to double), else an error naming the sink."""
@@ -268,7 +268,7 @@ def infer_schemas(outs, indexes: list[int], sinks: list[DeltaSink]) -> dict[int,
     from transforms.api import UserFunctionError
 
     found: dict[int, list[pa.Schema]] = {}
-    for r in outs.mapInArrow(InferSchemaFn(sinks, indexes), from_arrow_schema(InferSchemaFn.OUTPUT)).collect():
+    for r in batch.mapInArrow(InferSchemaFn(sinks, indexes), from_arrow_schema(InferSchemaFn.OUTPUT)).collect():
         found.setdefault(r["sink"], []).append(pa.ipc.read_schema(pa.py_buffer(r["schema"])))
     unified = {}
     for i in indexes:
