@@ -493,9 +493,7 @@ class QuarantineWriter:
             },
             schema=QUARANTINE_SCHEMA,
         )
-        unique = qtable.group_by(list(QUARANTINE_KEYS), use_threads=False).aggregate([])
-        if unique.num_rows < qtable.num_rows:  # one row per key (a MERGE source must not repeat a key)
-            qtable = _first_per_key(qtable)
+        qtable = _first_per_key(qtable)  # a MERGE source must not repeat a key
         seqs = pa.compute.min_max(qtable.column("seq"))
         df = spark.createDataFrame(qtable)
         lake.merge_once(df, self.path, QUARANTINE_KEYS, self.app_id, batch_id, update=False,
