@@ -3,6 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 JARS_STAMP := $(VENV)/jars/.stamp
+KAFKA_JARS_STAMP := $(VENV)/kafka-jars/.stamp
 BENCH_STAMP := $(VENV)/.bench-stamp
 export JAVA_HOME ?= /usr/lib/jvm/java-17-openjdk-amd64
 export SPARK_LOCAL_IP ?= 127.0.0.1
@@ -24,7 +25,15 @@ $(JARS_STAMP): jvm/pom.xml $(STAMP)
 	@$(PY) -c "from pathlib import Path; from transforms.lake.session import prune_jars; prune_jars(Path('$(VENV)/jars'))"
 	@touch $(JARS_STAMP)
 
-setup: $(STAMP) $(JARS_STAMP)
+# Apache Kafka's broker (jvm/kafka/pom.xml) for `eventide kafka` and the tests, once, into a folder of its
+# own, $(VENV)/kafka-jars: never on Spark's class path (the two need other versions of shared libraries).
+$(KAFKA_JARS_STAMP): jvm/kafka/pom.xml
+	@echo "resolving Apache Kafka's broker jars (jvm/kafka/pom.xml) into $(VENV)/kafka-jars"
+	@rm -rf $(VENV)/kafka-jars
+	@mvn -q -B -f jvm/kafka/pom.xml dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(abspath $(VENV))/kafka-jars
+	@touch $(KAFKA_JARS_STAMP)
+
+setup: $(STAMP) $(JARS_STAMP) $(KAFKA_JARS_STAMP)
 
 # The benchmarks' extra (Bytewax, for bench/peers.py): installed by `make bench` only.
 $(BENCH_STAMP): pyproject.toml $(STAMP)
