@@ -228,6 +228,13 @@ def cmd_ui(args, settings) -> int:
     return 0  # not reached
 
 
+def cmd_kafka(args, settings) -> int:
+    from transforms.kafka_broker import run_broker
+
+    folder = Path(args.dir) if args.dir else settings.home / "kafka"
+    return run_broker(folder, args.port, args.controller_port, say=lambda line: print(line, flush=True))
+
+
 def cmd_demo(args, settings) -> int:
     from orchestration.demo import run_demo
 
@@ -327,6 +334,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=int, default=3000)
     _app_option(s)
     s.set_defaults(fn=cmd_ui)
+
+    s = sub.add_parser("kafka", help="run Apache Kafka (one KRaft node, 127.0.0.1) in the foreground for "
+                                     "development and tests; SIGTERM or Ctrl-C stops it")
+    s.add_argument("--port", type=int, default=9092, help="the clients' port (bootstrap.servers), default 9092")
+    s.add_argument("--dir", help="its configuration and data, formatted on first use (default: <home>/kafka)")
+    s.add_argument("--controller-port", type=int, help="the KRaft controller's port (default: a free one)")
+    s.set_defaults(fn=cmd_kafka)
 
     s = sub.add_parser("demo", help="run everything on the bundled sample data and print the results")
     s.set_defaults(fn=cmd_demo)
