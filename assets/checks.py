@@ -84,18 +84,21 @@ def sink_checks(app: Application) -> list[dg.AssetChecksDefinition]:
 
 
 def check_each_partition(context: dg.AssetCheckExecutionContext,
-                         evaluate: Callable[[str], dg.AssetCheckResult]) -> dg.AssetCheckResult:
+                         evaluate: Callable[[list[str]], dict[str, dg.AssetCheckResult]]) -> dg.AssetCheckResult:
     """A partitioned check over the partitions of its run: one, or a range (a backfill run as one run).
+    `evaluate(keys)` judges every partition of the run at once (one read for all of them) and returns
+    each one's result.
 
     Dagster records one evaluation per check and run, without a partition when the run covers a range.
     So in a range each partition's evaluation is logged as its own event, which gives each partition
     its check status, and the result returned is the range's: passed if every partition passed."""
     if context.has_partition_key:
-        return evaluate(context.partition_key)
+        return evaluate([context.partition_key])[context.partition_key]
     (spec,) = context.check_specs
     failed = []
+    results = evaluate(list(context.partition_keys))
     for key in context.partition_keys:
-        result = evaluate(key)
+        result = results[key]
         context.op_execution_context.log_event(dg.AssetCheckEvaluation(
             asset_key=spec.asset_key, check_name=spec.name, passed=result.passed, metadata=result.metadata,
             severity=result.severity, blocking=spec.blocking, partition=key))

@@ -66,3 +66,19 @@ def validate(df: pd.DataFrame, name: str, expectations: list, asset_key=None, pa
         meta["partition"] = partition
     kwargs = {"asset_key": asset_key} if asset_key is not None else {}
     return dg.AssetCheckResult(passed=bool(result.success), metadata=meta, severity=severity, **kwargs)
+
+
+def validate_partitions(frames: dict[str, pd.DataFrame], name: str, expectations: list) -> dict[str, dg.AssetCheckResult]:
+    """Each partition's frame validated against the same expectations: first all of them at once, one
+    validation for the run's range; only if that fails, each on its own, to say which failed.
+
+    Exact for expectations that hold of the union exactly when they hold of every part: row-level
+    ones, and uniqueness of columns that include the partition's (a frame's rows carry their partition
+    in a column for that, so "the day is the partition" is a row-level pair equality)."""
+    if len(frames) > 1:
+        whole = validate(pd.concat(frames.values(), ignore_index=True), name, expectations)
+        if whole.passed:
+            return {key: dg.AssetCheckResult(passed=True, severity=whole.severity, metadata={
+                **whole.metadata, "rows": len(frame), "partition": key,
+                "validated_with": f"the run's {len(frames)} partitions at once"}) for key, frame in frames.items()}
+    return {key: validate(frame, name, expectations, partition=key) for key, frame in frames.items()}

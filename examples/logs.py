@@ -166,8 +166,19 @@ def _day_sql(day: dt.date) -> str:
     return f"day = '{day.isoformat()}'"  # a date object's isoformat: nothing to escape
 
 
+def _days_sql(days: list[dt.date]) -> str:
+    return _day_sql(days[0]) if len(days) == 1 else f"day IN ({', '.join(repr(d.isoformat()) for d in days)})"
+
+
 def _as_summary(table: pa.Table) -> pa.Table:
     return table.select(SUMMARY_SCHEMA.names).cast(SUMMARY_SCHEMA) if table.num_rows else SUMMARY_SCHEMA.empty_table()
+
+
+def _by_day(table: pa.Table, days: list[dt.date]) -> dict[dt.date, pa.Table]:
+    """A summary table of several days split into one table per day (sorted by status; empty: none)."""
+    table = _as_summary(table).sort_by([("day", "ascending"), ("status", "ascending")])
+    column = table.column("day").to_pylist()
+    return {d: table.filter(pa.array([c == d for c in column], pa.bool_())) for d in days}
 
 
 def _spark(settings: Settings):
@@ -181,92 +192,137 @@ def _table(settings: Settings, name: str):
     return _spark(settings).read.format("delta").load(str(settings.table_path(name).absolute()))
 
 
-def _day_counts(settings: Settings, name: str, day: str | dt.date, count, lines_only: bool = False) -> pa.Table:
-    """(day, status, count) of one day from a Delta table, by Spark; empty if the table does not exist yet."""
+def _in_days(days: list[dt.date]):
     from pyspark.sql import functions as F
 
-    if not lake.exists(settings.table_path(name)):
-        return SUMMARY_SCHEMA.empty_table()
-    rows = _table(settings, name).where(F.col("day") == F.lit(parse_day(day)))
-    if lines_only:
-        rows = rows.where(F.col("kind") == "line")
-    return _as_summary(rows.groupBy("day", "status").agg(count.alias("count")).orderBy("status").toArrow())
+    return F.col("day").isin(list(days))
+
+
+def _bronze_lines(settings: Settings, days: list[dt.date]):
+    from pyspark.sql import functions as F
+
+    return _table(settings, BRONZE_TABLE).where((F.col("kind") == "line") & _in_days(days))
+
+
+def bronze_counts(settings: Settings, days: list[dt.date]) -> dict[dt.date, pa.Table]:
+    """The recompute, for several days in one Spark query: every decoded line of each day in bronze,
+    counted by status (an empty table for a day without lines)."""
+    from pyspark.sql import functions as F
+
+    days = [parse_day(d) for d in days]
+    if not days or not lake.exists(settings.table_path(BRONZE_TABLE)):
+        return {d: SUMMARY_SCHEMA.empty_table() for d in days}
+    counted = _bronze_lines(settings, days).groupBy("day", "status").agg(F.count(F.lit(1)).alias("count"))
+    return _by_day(counted.toArrow(), days)
+
+
+def window_counts(settings: Settings, days: list[dt.date]) -> dict[dt.date, pa.Table]:
+    """Each day's counts summed over its closed windows, for several days in one Spark query."""
+    from pyspark.sql import functions as F
+
+    days = [parse_day(d) for d in days]
+    if not days or not lake.exists(settings.table_path(WINDOWS_TABLE)):
+        return {d: SUMMARY_SCHEMA.empty_table() for d in days}
+    summed = _table(settings, WINDOWS_TABLE).where(_in_days(days)).groupBy("day", "status").agg(
+        F.sum("count").alias("count"))
+    return _by_day(summed.toArrow(), days)
+
+
+def uncovered_line_counts(settings: Settings, days: list[dt.date]) -> dict[dt.date, int]:
+    """Per day, the bronze lines whose sequence number lies in no closed window of their source (one
+    Spark query for all the days)."""
+    from pyspark.sql import functions as F
+
+    days = [parse_day(d) for d in days]
+    if not days or not lake.exists(settings.table_path(BRONZE_TABLE)):
+        return dict.fromkeys(days, 0)
+    lines = _bronze_lines(settings, days)
+    if lake.exists(settings.table_path(WINDOWS_TABLE)):
+        b, w = lines.alias("b"), _table(settings, WINDOWS_TABLE).alias("w")
+        covered = (F.col("b.stream") == F.col("w.source")) & F.col("b.seq").between(F.col("w.first_seq"), F.col("w.last_seq"))
+        lines = b.join(F.broadcast(w), covered, "left_anti")
+    counted = {r["day"]: r["n"] for r in lines.groupBy("day").agg(F.count(F.lit(1)).alias("n")).collect()}
+    return {d: counted.get(d, 0) for d in days}
 
 
 def summary_from_bronze(settings: Settings, day: str | dt.date) -> pa.Table:
-    """The recompute: every decoded line of the day in bronze, counted by status."""
-    from pyspark.sql import functions as F
-
-    return _day_counts(settings, BRONZE_TABLE, day, F.count(F.lit(1)), lines_only=True)
-
-
-def summary_from_windows(settings: Settings, day: str | dt.date) -> pa.Table:
-    """The day's counts summed over its closed windows."""
-    from pyspark.sql import functions as F
-
-    return _day_counts(settings, WINDOWS_TABLE, day, F.sum("count"))
-
-
-def _bronze_lines(settings: Settings, day: str | dt.date):
-    from pyspark.sql import functions as F
-
-    return _table(settings, BRONZE_TABLE).where((F.col("kind") == "line") & (F.col("day") == F.lit(parse_day(day))))
+    """The recompute of one day: every decoded line of the day in bronze, counted by status."""
+    return bronze_counts(settings, [parse_day(day)])[parse_day(day)]
 
 
 def bronze_line_count(settings: Settings, day: str | dt.date) -> int:
-    if not lake.exists(settings.table_path(BRONZE_TABLE)):
-        return 0
-    return _bronze_lines(settings, day).count()
+    return line_total(summary_from_bronze(settings, day))
 
 
 def uncovered_line_count(settings: Settings, day: str | dt.date) -> int:
-    """Bronze lines of the day whose sequence number lies in no closed window of their source."""
-    from pyspark.sql import functions as F
+    return uncovered_line_counts(settings, [parse_day(day)])[parse_day(day)]
 
-    if not lake.exists(settings.table_path(WINDOWS_TABLE)):
-        return bronze_line_count(settings, day)
-    if not lake.exists(settings.table_path(BRONZE_TABLE)):
-        return 0
-    b, w = _bronze_lines(settings, day).alias("b"), _table(settings, WINDOWS_TABLE).alias("w")
-    covered = (F.col("b.stream") == F.col("w.source")) & F.col("b.seq").between(F.col("w.first_seq"), F.col("w.last_seq"))
-    return b.join(F.broadcast(w), covered, "left_anti").count()
+
+def line_total(rows: pa.Table) -> int:
+    """The lines a summary table counts."""
+    return sum(rows.column("count").to_pylist())
+
+
+def summarize_days(settings: Settings, days: list[str | dt.date], recompute: bool = False) -> list[DaySummary]:
+    """Each day's summary, as `summarize_day` decides it, for a whole range in three Spark queries
+    (bronze counts, window counts, uncovered lines) instead of three or four per day."""
+    days = [parse_day(d) for d in days]
+    bronze = bronze_counts(settings, days)
+    uncovered = uncovered_line_counts(settings, days)
+    if recompute:
+        return [DaySummary(d, bronze[d], FROM_BRONZE, "recompute requested (backfill)", line_total(bronze[d]), uncovered[d])
+                for d in days]
+    windows = window_counts(settings, days)
+    return [_decide(d, windows[d], bronze[d], uncovered[d]) for d in days]
+
+
+def _decide(day: dt.date, windows: pa.Table, bronze: pa.Table, uncovered: int) -> DaySummary:
+    """Day D's summary. From `log_windows` when closed windows cover every bronze line of D;
+    otherwise (no closed window yet, or lines of D still in an open window or not yet through the
+    app) recomputed from bronze, which holds every decoded line of D."""
+    lines = line_total(bronze)
+    if not windows.num_rows:
+        return DaySummary(day, bronze, FROM_BRONZE, "no closed window for the day", lines, lines)
+    if uncovered:
+        return DaySummary(day, bronze, FROM_BRONZE, f"{uncovered} line(s) of the day are not in a closed window yet",
+                          lines, uncovered)
+    return DaySummary(day, windows, FROM_WINDOWS, "closed windows cover every line of the day", lines, 0)
 
 
 def summarize_day(settings: Settings, day: str | dt.date, recompute: bool = False) -> DaySummary:
-    """Day D's summary. From `log_windows` when closed windows cover every bronze line of D;
-    otherwise (a backfill, no closed window yet, or lines of D still in an open window or not yet
-    through the app) recomputed from bronze, which holds every decoded line of D.
-    """
-    day = parse_day(day)
-    bronze_lines = bronze_line_count(settings, day)
-    if recompute:
-        return DaySummary(day, summary_from_bronze(settings, day), FROM_BRONZE, "recompute requested (backfill)",
-                          bronze_lines, uncovered_line_count(settings, day))
-    windows = summary_from_windows(settings, day)
-    if not windows.num_rows:
-        return DaySummary(day, summary_from_bronze(settings, day), FROM_BRONZE, "no closed window for the day",
-                          bronze_lines, bronze_lines)
-    uncovered = uncovered_line_count(settings, day)
-    if uncovered:
-        return DaySummary(day, summary_from_bronze(settings, day), FROM_BRONZE,
-                          f"{uncovered} line(s) of the day are not in a closed window yet", bronze_lines, uncovered)
-    return DaySummary(day, windows, FROM_WINDOWS, "closed windows cover every line of the day", bronze_lines, 0)
+    """Day D's summary (see `_decide`; a backfill's `recompute` counts bronze whatever the windows say)."""
+    return summarize_days(settings, [day], recompute)[0]
+
+
+def stored_summaries(settings: Settings, days: list[str | dt.date]) -> dict[dt.date, pa.Table]:
+    """The summary table's rows of each day, sorted by status (one read, no JVM)."""
+    days = [parse_day(d) for d in days]
+    path = settings.table_path(SUMMARY_TABLE)
+    if not days or not lake.exists(path):
+        return {d: SUMMARY_SCHEMA.empty_table() for d in days}
+    return _by_day(lake.read(path, where=_days_sql(days)), days)
 
 
 def stored_summary(settings: Settings, day: str | dt.date) -> pa.Table:
-    path = settings.table_path(SUMMARY_TABLE)
-    if not lake.exists(path):
-        return SUMMARY_SCHEMA.empty_table()
-    return _as_summary(lake.read(path, where=_day_sql(parse_day(day))).sort_by([("status", "ascending")]))
+    return stored_summaries(settings, [day])[parse_day(day)]
+
+
+def write_summaries(settings: Settings, summaries: list[DaySummary]) -> list[bool]:
+    """Replace the partitions of the days whose stored rows differ, atomically in one commit; for each
+    summary, whether its day was replaced (False: it already held these rows, nothing written)."""
+    stored = stored_summaries(settings, [s.day for s in summaries])
+    changed = [s for s in summaries if not stored[s.day].equals(s.rows)]
+    if changed:
+        rows = _spark(settings).createDataFrame(pa.concat_tables([s.rows for s in changed]))
+        lake.replace_where(rows, settings.table_path(SUMMARY_TABLE), _days_sql([s.day for s in changed]),
+                           partition_by=["day"])
+    replaced = {s.day for s in changed}
+    return [s.day in replaced for s in summaries]
 
 
 def write_summary(settings: Settings, summary: DaySummary) -> bool:
     """Replace the day's partition atomically; False (no commit) if it already holds these rows."""
-    if lake.exists(settings.table_path(SUMMARY_TABLE)) and stored_summary(settings, summary.day).equals(summary.rows):
-        return False
-    rows = _spark(settings).createDataFrame(summary.rows)
-    lake.replace_where(rows, settings.table_path(SUMMARY_TABLE), _day_sql(summary.day), partition_by=["day"])
-    return True
+    return write_summaries(settings, [summary])[0]
 
 
 # -- which days need a summary ----------------------------------------------------------------------

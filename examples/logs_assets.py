@@ -21,23 +21,23 @@ import dagster as dg
 import pandas as pd
 
 from assets.checks import check_each_partition
-from assets.gx import validate
+from assets.gx import validate_partitions
 from assets.resources import EventideSettings
 from assets.runs import in_backfill
 from examples.logs import (
     BRONZE_TABLE,
     SUMMARY_TABLE,
     WINDOWS_TABLE,
+    bronze_counts,
     bronze_days,
-    bronze_line_count,
     days_behind_bronze,
     is_day_over,
+    line_total,
     log_app,
-    stored_summary,
-    summarize_day,
-    summary_from_bronze,
+    stored_summaries,
+    summarize_days,
     windows_closed_since,
-    write_summary,
+    write_summaries,
 )
 from transforms import lake
 from transforms.settings import Settings
@@ -83,13 +83,11 @@ def daily_return_code_summary(
     settings = eventide.get()
     recompute = config.recompute_from_bronze or in_backfill(context)
     days = context.partition_keys
-    done = []
-    for i, day in enumerate(days, 1):
-        summary = summarize_day(settings, day, recompute=recompute)
-        replaced = write_summary(settings, summary)
-        done.append((summary, replaced))
-        context.log.info(f"{day}{f' ({i} of {len(days)})' if len(days) > 1 else ''}: {summary.rows.num_rows} rows "
-                         f"from {summary.source} ({summary.reason}); {'replaced' if replaced else 'unchanged'}")
+    summaries = summarize_days(settings, days, recompute=recompute)  # the range's days in one pass
+    done = list(zip(summaries, write_summaries(settings, summaries)))
+    for i, (summary, replaced) in enumerate(done, 1):
+        context.log.info(f"{summary.day}{f' ({i} of {len(days)})' if len(days) > 1 else ''}: {summary.rows.num_rows} "
+                         f"rows from {summary.source} ({summary.reason}); {'replaced' if replaced else 'unchanged'}")
     path = settings.table_path(SUMMARY_TABLE)
     table = {"delta_version": dg.MetadataValue.int(lake.version(path) if lake.exists(path) else -1),
              "path": dg.MetadataValue.path(str(path))}
@@ -127,10 +125,13 @@ def _day_metadata(summary, replaced: bool) -> dict:
     }
 
 
-# -- checks: they read the stored partition, so they can be re-run on their own ---------------------
-def _stored_frame(settings: Settings, day: str) -> pd.DataFrame:
-    df = stored_summary(settings, day).to_pandas()
+# -- checks: they read the stored partitions, so they can be re-run on their own --------------------
+# Each reads what it needs for all the run's days at once (one read of the summary, one Spark query of
+# bronze) and then judges each day (assets.checks.check_each_partition).
+def _frame(rows, day: str) -> pd.DataFrame:
+    df = rows.to_pandas()
     df["day"] = df["day"].astype(str)  # GX compares plain strings reliably
+    df["partition"] = day
     return df
 
 
@@ -140,62 +141,67 @@ with warnings.catch_warnings():
     @dg.asset_check(asset=daily_return_code_summary, partitions_def=DAILY, blocking=True)
     def rows_are_valid(context: dg.AssetCheckExecutionContext, eventide: EventideSettings) -> dg.AssetCheckResult:
         """GX: status between 100 and 599, counts positive, day equals the partition, one row per status."""
-        return check_each_partition(context, lambda day: _rows_are_valid(eventide.get(), day))
+        return check_each_partition(context, lambda days: _rows_are_valid(eventide.get(), days))
 
     @dg.asset_check(asset=daily_return_code_summary, partitions_def=DAILY, blocking=True)
     def total_matches_bronze(context: dg.AssetCheckExecutionContext, eventide: EventideSettings) -> dg.AssetCheckResult:
         """GX: the partition's total equals the number of bronze lines of that day."""
-        return check_each_partition(context, lambda day: _total_matches_bronze(eventide.get(), day))
+        return check_each_partition(context, lambda days: _total_matches_bronze(eventide.get(), days))
 
     @dg.asset_check(asset=daily_return_code_summary, partitions_def=DAILY, blocking=True)
     def reconciles_with_bronze(context: dg.AssetCheckExecutionContext, eventide: EventideSettings) -> dg.AssetCheckResult:
         """The stored partition equals its recompute from bronze, row for row."""
-        return check_each_partition(context, lambda day: _reconciles_with_bronze(eventide.get(), day))
+        return check_each_partition(context, lambda days: _reconciles_with_bronze(eventide.get(), days))
 
 
-def _rows_are_valid(settings: Settings, day: str) -> dg.AssetCheckResult:
+def _rows_are_valid(settings: Settings, days: list[str]) -> dict[str, dg.AssetCheckResult]:
     import great_expectations as gx  # here, not at the top: importing it takes seconds
 
-    return validate(
-        _stored_frame(settings, day),
+    stored = stored_summaries(settings, days)
+    return validate_partitions(
+        {day: _frame(stored[dt.date.fromisoformat(day)], day) for day in days},
         f"{SUMMARY_TABLE}-rows",
         [
             gx.expectations.ExpectColumnValuesToNotBeNull(column="status"),
             gx.expectations.ExpectColumnValuesToBeBetween(column="status", min_value=100, max_value=599),
             gx.expectations.ExpectColumnValuesToBeBetween(column="count", min_value=1),
-            gx.expectations.ExpectColumnValuesToBeInSet(column="day", value_set=[day]),
+            gx.expectations.ExpectColumnPairValuesToBeEqual(column_A="day", column_B="partition"),
             gx.expectations.ExpectCompoundColumnsToBeUnique(column_list=["day", "status"]),
         ],
-        partition=day,
     )
 
 
-def _total_matches_bronze(settings: Settings, day: str) -> dg.AssetCheckResult:
+def _total_matches_bronze(settings: Settings, days: list[str]) -> dict[str, dg.AssetCheckResult]:
     import great_expectations as gx
 
-    totals = pd.DataFrame({"summary_total": [int(_stored_frame(settings, day)["count"].sum())],
-                           "bronze_lines": [bronze_line_count(settings, day)]})
-    return validate(
+    stored, bronze = stored_summaries(settings, days), bronze_counts(settings, days)
+    totals = {day: pd.DataFrame({"summary_total": [line_total(stored[d])], "bronze_lines": [line_total(bronze[d])]})
+              for day, d in ((day, dt.date.fromisoformat(day)) for day in days)}
+    return validate_partitions(
         totals,
         f"{SUMMARY_TABLE}-total",
         [gx.expectations.ExpectColumnPairValuesToBeEqual(column_A="summary_total", column_B="bronze_lines")],
-        partition=day,
     )
 
 
-def _reconciles_with_bronze(settings: Settings, day: str) -> dg.AssetCheckResult:
-    stored = {(r["status"], r["count"]) for r in stored_summary(settings, day).to_pylist()}
-    recomputed = {(r["status"], r["count"]) for r in summary_from_bronze(settings, day).to_pylist()}
-    only_stored, only_bronze = sorted(stored - recomputed), sorted(recomputed - stored)
-    return dg.AssetCheckResult(
-        passed=not only_stored and not only_bronze,
-        metadata={
-            "partition": day,
-            "rows": len(stored),
-            "only_in_summary": dg.MetadataValue.json([list(r) for r in only_stored]),
-            "only_in_recompute": dg.MetadataValue.json([list(r) for r in only_bronze]),
-        },
-    )
+def _reconciles_with_bronze(settings: Settings, days: list[str]) -> dict[str, dg.AssetCheckResult]:
+    stored_days, recomputed_days = stored_summaries(settings, days), bronze_counts(settings, days)
+    out = {}
+    for day in days:
+        d = dt.date.fromisoformat(day)
+        stored = {(r["status"], r["count"]) for r in stored_days[d].to_pylist()}
+        recomputed = {(r["status"], r["count"]) for r in recomputed_days[d].to_pylist()}
+        only_stored, only_bronze = sorted(stored - recomputed), sorted(recomputed - stored)
+        out[day] = dg.AssetCheckResult(
+            passed=not only_stored and not only_bronze,
+            metadata={
+                "partition": day,
+                "rows": len(stored),
+                "only_in_summary": dg.MetadataValue.json([list(r) for r in only_stored]),
+                "only_in_recompute": dg.MetadataValue.json([list(r) for r in only_bronze]),
+            },
+        )
+    return out
 
 
 SUMMARY_CHECKS = [rows_are_valid, total_matches_bronze, reconciles_with_bronze]

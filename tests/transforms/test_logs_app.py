@@ -8,6 +8,7 @@ concatenated in one CRLF file.
 import datetime as dt
 import json
 import re
+from collections import Counter
 from pathlib import Path
 
 import pandas as pd
@@ -24,8 +25,10 @@ from examples.logs import (
     encode_window_json,
     log_app,
     summarize_day,
+    summarize_days,
     uncovered_line_count,
     window_lines,
+    write_summaries,
     write_summary,
 )
 from examples.logs_decoder import parse_log_line
@@ -143,6 +146,35 @@ def test_logs_without_markers_close_by_day_change_across_runs(spark, settings):
     version = lake.version(settings.table_path(SUMMARY_TABLE))
     assert not any(write_summary(settings, s) for s in summarize_all(settings, days))
     assert lake.version(settings.table_path(SUMMARY_TABLE)) == version
+
+    # The range form (what a run or backfill of several days does) decides each day as the one-day
+    # form does, and its counts are bronze's, counted here in plain Python from delta-rs' read.
+    ranged = summarize_days(settings, days)
+    assert [(s.day, s.source, s.reason, s.bronze_lines, s.uncovered_lines) for s in ranged] == [
+        (s.day, s.source, s.reason, s.bronze_lines, s.uncovered_lines) for s in summaries]
+    assert all(r.rows.equals(s.rows) for r, s in zip(ranged, summaries))
+    bronze = lake.read(settings.table_path("bronze_log_lines"), columns=["kind", "day", "status"]).to_pylist()
+    for recompute in summarize_days(settings, days, recompute=True):
+        plain = Counter(r["status"] for r in bronze if r["kind"] == "line" and r["day"] == recompute.day)
+        assert {(r["status"], r["count"]) for r in recompute.rows.to_pylist()} == set(plain.items())
+        assert recompute.bronze_lines == sum(plain.values())
+
+
+@pytest.mark.spark
+def test_a_range_of_changed_days_is_replaced_in_one_commit(spark, settings):
+    from tests.conftest import land
+    from transforms import lake
+
+    days = [dt.date(2004, 3, d) for d in range(7, 11)]
+    land(settings, "logs", log_messages(LOG_FILES))
+    run_logs(spark, settings)
+    path = settings.table_path(SUMMARY_TABLE)
+    assert write_summaries(settings, summarize_days(settings, days[:1])) == [True]
+    version = lake.version(path)
+    # Day 1 holds its rows already: only the other three are replaced, in one commit.
+    assert write_summaries(settings, summarize_days(settings, days)) == [False, True, True, True]
+    assert lake.version(path) == version + 1
+    assert summary_rows([lake.read(path)]) == expected_summary()
 
 
 @pytest.mark.spark
