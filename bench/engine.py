@@ -14,8 +14,8 @@ import pyarrow.parquet as pq
 from examples.logs_decoder import parse_log_line
 from examples.words import split_words
 from transforms.engine import run_application
-from transforms.framing import iter_file_messages
-from transforms.landing import Lander, list_segments
+from transforms.ingestion.framing import iter_file_messages
+from transforms.ingestion.landing import Lander, list_segments
 from transforms.settings import Settings
 from transforms.spark import get_spark
 from transforms.streams import bronze_application

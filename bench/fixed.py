@@ -61,7 +61,7 @@ def _seconds(times: list[float]) -> dict:
 def land(home: Path, app: str, messages: int) -> None:
     """`messages` messages of one bundled app landed under `home` (as the gateway would)."""
     from examples.market_generate import mixed_messages, synthetic_symbols
-    from transforms.framing import iter_file_messages
+    from transforms.ingestion.framing import iter_file_messages
 
     if app == "market":
         stream = mixed_messages(messages, synthetic_symbols(300), seed=1, order_share=0.2, unknown_share=0.0)

@@ -20,9 +20,9 @@ import threading
 import time
 from pathlib import Path
 
-from orchestration.gateway import GatewayThread
-from transforms.framing import DEFAULT_FRAMING
-from transforms.landing import list_segments, read_landed
+from transforms.ingestion.framing import DEFAULT_FRAMING
+from transforms.ingestion.gateway import GatewayThread
+from transforms.ingestion.landing import list_segments, read_landed
 from transforms.settings import Settings
 
 HOST = "127.0.0.1"

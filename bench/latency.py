@@ -69,7 +69,7 @@ from examples.market_decoder import (
     timestamp_10us,
 )
 from examples.market_generate import read_symbols, unknown_symbols
-from transforms.framing import DEFAULT_FRAMING
+from transforms.ingestion.framing import DEFAULT_FRAMING
 
 REPO = Path(__file__).resolve().parents[1]
 PRIME_FILE = REPO / "data" / "wallaroo" / "market_spread" / "350-symbols_initial-nbbo-fixish.msg"
@@ -707,8 +707,8 @@ def breakdown(rate: int, seconds: float) -> dict:
         os.environ.setdefault(k, v)
     os.environ.update({"EVENTIDE_HOME": str(tmp / "home"), "EVENTIDE_APPS": "examples.market:app",
                        "EVENTIDE_SINK_ORDER_RESULTS": listener.address})
-    from orchestration.gateway import GatewayThread
     from orchestration.service import Service
+    from transforms.ingestion.gateway import GatewayThread
     from transforms.settings import Settings
 
     settings = Settings(home=tmp / "home", apps="examples.market:app", ports={"market_data": 0, "orders": 0})

@@ -34,7 +34,7 @@ import pyarrow.parquet as pq
 from examples.log_generate import START_DAY, generate_logs, iter_log_days
 from examples.logs_decoder import parse_log_line
 from transforms import lake
-from transforms.landing import Lander, list_segments
+from transforms.ingestion.landing import Lander, list_segments
 from transforms.settings import Settings
 
 SIZES = (1_000_000, 4_000_000)

@@ -43,7 +43,7 @@ from examples.market import (
 from examples.market_generate import mixed_messages, synthetic_symbols
 from transforms import lake
 from transforms.engine import run_application
-from transforms.landing import Lander, read_landed
+from transforms.ingestion.landing import Lander, read_landed
 from transforms.settings import Settings
 from transforms.spark import get_spark
 

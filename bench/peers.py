@@ -199,7 +199,7 @@ def prepare_market(tmp: Path, messages: int, symbols: int) -> Workload:
 
 
 def prepare_words(tmp: Path, lines: int) -> Workload:
-    from transforms.framing import iter_file_messages
+    from transforms.ingestion.framing import iter_file_messages
 
     w = Workload("words", lines, tmp / "words-input.txt", tmp / "words-home", tmp / "words-warm-home",
                  tmp / "words-warm-input.txt")

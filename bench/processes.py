@@ -44,7 +44,7 @@ def eventide_cmd() -> list[str]:
 
 def land(home: Path, stream_payloads: Iterable[tuple[str, bytes]]) -> int:
     """Land (stream, payload) pairs under `home` as the gateway would; returns how many."""
-    from transforms.landing import Lander
+    from transforms.ingestion.landing import Lander
     from transforms.settings import Settings
 
     n = 0

@@ -155,7 +155,7 @@ def land_market(home: Path, messages: int) -> None:
 def bench_bronze_paths(out: dict, lines: int, repeats: int) -> None:
     from bench.engine import DATA, _land
     from transforms.engine import run_application
-    from transforms.framing import iter_file_messages
+    from transforms.ingestion.framing import iter_file_messages
     from transforms.spark import get_spark
     from transforms.streams import bronze_application
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import examples
 from examples.market_decoder import MarketData, Order, encode_market_data, encode_order
-from transforms.framing import DEFAULT_FRAMING
+from transforms.ingestion.framing import DEFAULT_FRAMING
 
 REPO = Path(examples.__file__).resolve().parents[1]
 DEFAULT_SYMBOLS_FILE = REPO / "data" / "wallaroo" / "market_spread" / "symbols.txt"

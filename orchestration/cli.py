@@ -21,7 +21,7 @@ def _address(text: str | None, settings, stream: str) -> tuple[str, int]:
         if not sep or not port.isdigit():
             raise ConfigError(f"--to {text!r}: expected HOST:PORT, e.g. 127.0.0.1:7101")
         return host or "127.0.0.1", int(port)
-    from orchestration.gateway import running_gateway, state_path
+    from transforms.ingestion.gateway import running_gateway, state_path
 
     settings.registry.stream(stream)  # an unknown stream: say so, not "no port"
     running = running_gateway(settings)
@@ -59,7 +59,7 @@ def _files(paths: list[str]) -> list[Path]:
 
 
 def cmd_serve(args, settings) -> int:
-    from orchestration.gateway import serve_forever
+    from transforms.ingestion.gateway import serve_forever
 
     service = None
     if not args.gateway_only:
@@ -76,8 +76,8 @@ def cmd_serve(args, settings) -> int:
 
 
 def cmd_send(args, settings) -> int:
-    from orchestration.gateway import framing_of
-    from orchestration.sender import send_files
+    from transforms.ingestion.gateway import framing_of
+    from transforms.ingestion.sender import send_files
 
     settings.group_of(args.stream)
     files = _files(args.files)
@@ -90,7 +90,7 @@ def cmd_send(args, settings) -> int:
 
 
 def cmd_ingest(args, settings) -> int:
-    from orchestration.sender import ingest_files
+    from transforms.ingestion.sender import ingest_files
 
     settings.group_of(args.stream)
     n = ingest_files(settings, args.stream, _files(args.files), end_of_day=args.end_of_day, framed=_framed(args))

@@ -13,11 +13,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from orchestration.gateway import GatewayThread
 from orchestration.runner import run_all
-from orchestration.sender import send_files
 from orchestration.show import show_table
 from transforms import lake
+from transforms.ingestion.gateway import GatewayThread
+from transforms.ingestion.sender import send_files
 from transforms.settings import Settings
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "wallaroo"

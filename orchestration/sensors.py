@@ -6,8 +6,8 @@ import json
 import dagster as dg
 
 from assets.resources import EventideSettings
-from orchestration.gateway import running_gateway
-from transforms.landing import list_segments
+from transforms.ingestion.gateway import running_gateway
+from transforms.ingestion.landing import list_segments
 
 PIPELINES_JOB = "pipelines_job"
 

@@ -252,7 +252,7 @@ class Service:
         tables: bronze runs less often than the apps' queries, and the follow-ups' checks compare the
         apps' tables with bronze. Bounded: under a busy stream, it goes on after two bronze cycles."""
         from transforms.engine.checkpoints import processed_segments
-        from transforms.landing import list_segments
+        from transforms.ingestion.landing import list_segments
 
         bronze = [q.plan for q in self.queries if q.plan.app in self._bronze_apps]
         wanted = {p.name: {s.name for s in list_segments(self.settings, p.group, archived=False)} for p in bronze}

@@ -49,7 +49,7 @@ import pyarrow.parquet as pq
 
 from transforms import lake
 from transforms.engine.checkpoints import processed_segments
-from transforms.landing import _read_journal, list_segments, parse_segment_name
+from transforms.ingestion.landing import _read_journal, list_segments, parse_segment_name
 from transforms.settings import Settings
 
 FORMAT_VERSION = 1
@@ -202,7 +202,7 @@ def _iso(us: int | float | None) -> str | None:
 
 
 def serve_status(settings: Settings) -> ServeStatus:
-    from orchestration.gateway import running_gateway
+    from transforms.ingestion.gateway import running_gateway
 
     record = running_gateway(settings)
     if record is None:

@@ -11,7 +11,7 @@ os.environ.setdefault("JAVA_HOME", "/usr/lib/jvm/java-17-openjdk-amd64")
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
-from transforms.landing import Lander  # noqa: E402
+from transforms.ingestion.landing import Lander  # noqa: E402
 from transforms.settings import Settings, reset_settings  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]

@@ -6,7 +6,7 @@ import socket
 import threading
 import time
 
-from transforms.framing import DEFAULT_FRAMING
+from transforms.ingestion.framing import DEFAULT_FRAMING
 
 
 class Receiver:

@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 
 from transforms import lake
 from transforms.engine.sinks import QUARANTINE_TABLE
-from transforms.landing import Lander, list_segments, read_segment
+from transforms.ingestion.landing import Lander, list_segments, read_segment
 from transforms.settings import Settings
 
 REPLAYS_TABLE = "quarantine_replays"

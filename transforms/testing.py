@@ -206,7 +206,7 @@ def _normalize(messages: Messages, app: Application) -> list[tuple[str, bytes]]:
 
 
 def _land(settings: Settings, messages: list[tuple[str, bytes]]) -> None:
-    from transforms.landing import Lander
+    from transforms.ingestion.landing import Lander
 
     with Lander(settings) as lander:  # closing it closes the segments: the queries see every message
         for stream, payload in messages:
@@ -284,7 +284,7 @@ class _Listener:
 
     def messages(self, timeout: float = 30.0) -> list[bytes]:
         """Every message received, framing stripped (the run has ended: its connections are closed)."""
-        from transforms.framing import DEFAULT_FRAMING
+        from transforms.ingestion.framing import DEFAULT_FRAMING
 
         self.done.set()
         self.thread.join(timeout)

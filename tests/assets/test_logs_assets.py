@@ -23,7 +23,7 @@ from orchestration.runner import QUIET, dagster_instance, due_runs
 from orchestration.sensors import PIPELINES_JOB
 from tests.transforms.test_logs_app import LOG_FILES, expected_summary, log_messages, summary_rows
 from transforms import lake
-from transforms.framing import DEFAULT_FRAMING
+from transforms.ingestion.framing import DEFAULT_FRAMING
 from transforms.settings import Settings, reset_settings
 
 pytestmark = pytest.mark.spark

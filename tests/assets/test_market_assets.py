@@ -28,8 +28,8 @@ from examples.market_assets import order_rejections_unique_in_run
 from examples.market_decoder import encode_order, parse_order
 from examples.market_generate import order_payloads, read_symbols
 from transforms import lake
-from transforms.framing import iter_file_messages
-from transforms.landing import Lander
+from transforms.ingestion.framing import iter_file_messages
+from transforms.ingestion.landing import Lander
 from transforms.spark import get_spark
 
 pytestmark = pytest.mark.spark

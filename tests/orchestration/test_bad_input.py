@@ -13,9 +13,9 @@ import struct
 import pytest
 
 from examples.market_decoder import MarketData, Order, encode_market_data, encode_order
-from orchestration.gateway import GatewayThread
 from transforms import lake
-from transforms.landing import read_landed
+from transforms.ingestion.gateway import GatewayThread
+from transforms.ingestion.landing import read_landed
 
 pytestmark = pytest.mark.spark
 

@@ -128,7 +128,7 @@ def test_a_replay_interrupted_before_recording_never_lands_twice(tmp_path, monke
 
     from transforms.deadletter import landed_replays, replay
     from transforms.engine.sinks import QUARANTINE_SCHEMA
-    from transforms.landing import read_landed
+    from transforms.ingestion.landing import read_landed
 
     (tmp_path / "dl_gauges.py").write_text(textwrap.dedent(GAUGES.format(check=V1)))
     monkeypatch.syspath_prepend(str(tmp_path))

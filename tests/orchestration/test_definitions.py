@@ -152,7 +152,7 @@ def test_new_segments_sensor_requests_a_run_only_for_new_segments(settings):
 
 def test_new_segments_sensor_skips_while_serve_runs_the_queries(settings):
     from orchestration.definitions import defs
-    from orchestration.gateway import forget_ports, record_ports
+    from transforms.ingestion.gateway import forget_ports, record_ports
 
     sensor = defs.resolve_sensor_def("new_segments_sensor")
     resources = {"eventide": defs.resources["eventide"]}

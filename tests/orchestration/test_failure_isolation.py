@@ -24,7 +24,7 @@ from examples.market_decoder import MarketData, encode_market_data
 from tests.conftest import DATA, REPO, land
 from tests.transforms.test_logs_app import LOG_FILES, expected_summary, log_messages
 from transforms import lake
-from transforms.framing import iter_file_messages
+from transforms.ingestion.framing import iter_file_messages
 from transforms.settings import Settings, reset_settings
 
 

@@ -13,9 +13,9 @@ import sys
 import textwrap
 from pathlib import Path
 
-from orchestration.gateway import record_ports, running_gateway, state_path
-from tests.orchestration.test_gateway import Service
-from transforms.landing import read_landed
+from tests.transforms.ingestion.test_gateway import Service
+from transforms.ingestion.gateway import record_ports, running_gateway, state_path
+from transforms.ingestion.landing import read_landed
 from transforms.settings import Settings
 
 EVENTIDE = str(Path(sys.executable).parent / "eventide")

@@ -23,13 +23,13 @@ from examples.market import MARKET_STATE_TABLE, ORDER_REJECTIONS_TABLE, run_loop
 from examples.market_decoder import MarketData, Order, encode_market_data, encode_order, parse_order_result
 from examples.words import split_words
 from orchestration.status import compute_status, format_status
-from tests.orchestration.test_gateway import Service
 from tests.orchestration.test_serve import _env, _free_port
 from tests.tcp import Receiver
+from tests.transforms.ingestion.test_gateway import Service
 from tests.transforms.test_logs_app import expected_summary, log_messages, summary_rows
 from transforms import lake
-from transforms.framing import DEFAULT_FRAMING, LANDED_ACK
-from transforms.landing import list_segments, read_landed
+from transforms.ingestion.framing import DEFAULT_FRAMING, LANDED_ACK
+from transforms.ingestion.landing import list_segments, read_landed
 from transforms.settings import Settings
 
 EVENTIDE = str(Path(sys.executable).parent / "eventide")

@@ -11,11 +11,11 @@ import time
 import pytest
 
 from examples.logs import SUMMARY_TABLE, day_end_utc
-from orchestration.gateway import GatewayThread
 from orchestration.service import Service
 from tests.transforms.test_logs_app import LOG_FILES, expected_summary, log_messages, summary_rows
 from transforms import lake
-from transforms.framing import DEFAULT_FRAMING
+from transforms.ingestion.framing import DEFAULT_FRAMING
+from transforms.ingestion.gateway import GatewayThread
 from transforms.settings import Settings, reset_settings
 
 

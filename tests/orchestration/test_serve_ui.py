@@ -14,7 +14,6 @@ import urllib.request
 import pytest
 
 from examples.market import MARKET_STATE_TABLE
-from tests.orchestration.test_gateway import Service
 from tests.orchestration.test_serve import (
     EVENTIDE,
     NBBO,
@@ -27,6 +26,7 @@ from tests.orchestration.test_serve import (
     _wait_for,
 )
 from tests.tcp import Receiver
+from tests.transforms.ingestion.test_gateway import Service
 
 MATERIALIZATIONS = """{ assetOrError(assetKey: {path: ["%s"]}) { ... on Asset { assetMaterializations(limit: 10) {
     runId metadataEntries { label ... on IntMetadataEntry { intValue } ... on TextMetadataEntry { text } } } } } }"""

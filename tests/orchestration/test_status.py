@@ -14,7 +14,7 @@ import pytest
 from orchestration.cli import main
 from orchestration.status import compute_status, processed_segments, query_plans
 from tests.conftest import REPO, land
-from transforms.landing import Lander, segment_name
+from transforms.ingestion.landing import Lander, segment_name
 
 T0 = 1_700_000_000.0  # a fixed receive time: lags in seconds are exact
 
@@ -153,8 +153,8 @@ def test_checkpoint_reading_follows_compaction_and_the_file_source_offset(tmp_pa
 
 
 def test_cli_json_shape_a_running_serve_and_lock_holders(settings, monkeypatch, capsys):
-    from orchestration.gateway import record_ports
     from transforms.engine.locks import QueryLock
+    from transforms.ingestion.gateway import record_ports
 
     monkeypatch.setenv("EVENTIDE_APPS", settings.apps)  # `--app` sets it: restored after the test
     land(settings, "text", [b"one", b"two"])
@@ -232,7 +232,7 @@ print(json.dumps({"jvm": jvm, "children": kids}))
 def test_a_segment_archived_by_serve_while_status_reads_is_found_in_the_archive(settings, monkeypatch):
     import orchestration.status as status_module
     from tests.conftest import land
-    from transforms.landing import archive_segments
+    from transforms.ingestion.landing import archive_segments
 
     land(settings, "text", [b"a"])
     land(settings, "text", [b"b c"])

@@ -184,7 +184,7 @@ def test_pre_stage_quarantines_undecodable_payloads_and_landing_errors():
     import pyarrow as pa
 
     from transforms.api import Application, DeltaSink
-    from transforms.landing import LANDING_SCHEMA
+    from transforms.ingestion.landing import LANDING_SCHEMA
 
     shout = computation("shout")(lambda line: line.text.upper())
     app = Application("t", source("text").to(shout).to_sink(DeltaSink("t")), quarantine_landing_errors=True)
@@ -230,7 +230,7 @@ def _value_plan(*steps):
 def _landing_batch(payloads):
     import pyarrow as pa
 
-    from transforms.landing import LANDING_SCHEMA
+    from transforms.ingestion.landing import LANDING_SCHEMA
 
     return pa.RecordBatch.from_pylist(
         [{"stream": "text", "seq": i + 1, "receive_time": None, "connection": "c", "payload": p, "landing_error": None}

@@ -9,8 +9,8 @@ import pytest
 from tests.conftest import DATA, land
 from transforms import lake
 from transforms.engine import run_application
-from transforms.framing import iter_file_messages
-from transforms.landing import Lander
+from transforms.ingestion.framing import iter_file_messages
+from transforms.ingestion.landing import Lander
 from transforms.streams import bronze_application
 
 pytestmark = pytest.mark.spark

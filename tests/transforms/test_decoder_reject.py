@@ -10,7 +10,7 @@ import pytest
 from transforms.api import Application, DeltaSink, Reject, UserFunctionError, computation, decoder, source
 from transforms.engine.plan import QueryMode, plan_queries
 from transforms.engine.stages import make_pre_stage
-from transforms.landing import LANDING_SCHEMA
+from transforms.ingestion.landing import LANDING_SCHEMA
 from transforms.settings import Settings
 
 SCHEMA = pa.schema([("celsius", pa.float64())])

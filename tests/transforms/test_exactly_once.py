@@ -13,8 +13,8 @@ import pytest
 
 from tests.conftest import DATA, REPO
 from transforms import lake
-from transforms.framing import iter_file_messages
-from transforms.landing import Lander
+from transforms.ingestion.framing import iter_file_messages
+from transforms.ingestion.landing import Lander
 
 pytestmark = pytest.mark.spark
 

@@ -15,7 +15,7 @@ from examples.log_generate import (
     iter_log_payloads,
 )
 from examples.logs_decoder import parse_log_line
-from transforms.framing import iter_file_messages
+from transforms.ingestion.framing import iter_file_messages
 
 LINES, DAYS = 6_000, 4
 

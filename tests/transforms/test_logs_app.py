@@ -33,7 +33,7 @@ from examples.logs import (
 )
 from examples.logs_decoder import parse_log_line
 from transforms.api import Context, to_record
-from transforms.framing import iter_file_messages
+from transforms.ingestion.framing import iter_file_messages
 from windows import WindowResult
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "wallaroo"

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from examples.logs_decoder import decode_log_column, decode_log_payload, parse_log_line
 from tests.conftest import DATA
 from transforms.api import Reject
-from transforms.framing import iter_file_messages
+from transforms.ingestion.framing import iter_file_messages
 
 SAMPLE = [m for d in range(1, 5) for m in iter_file_messages(DATA / "log_windowing" / f"day_{d}.log")]
 EDGES = [

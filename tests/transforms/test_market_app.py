@@ -40,8 +40,8 @@ from examples.market_generate import read_symbols
 from tests.tcp import Receiver
 from transforms import lake
 from transforms.engine import QUARANTINE_TABLE, plan_queries, run_application
-from transforms.framing import iter_file_messages
-from transforms.landing import Lander, read_landed
+from transforms.ingestion.framing import iter_file_messages
+from transforms.ingestion.landing import Lander, read_landed
 
 pytestmark = pytest.mark.spark
 

@@ -47,7 +47,7 @@ from examples.market_generate import (
     unknown_symbols,
 )
 from orchestration.cli import main as eventide
-from transforms.framing import iter_file_messages
+from transforms.ingestion.framing import iter_file_messages
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "wallaroo" / "market_spread"
 NBBO = DATA / "350-symbols_initial-nbbo-fixish.msg"

@@ -27,8 +27,8 @@ from transforms.api import (
     state_computation,
 )
 from transforms.engine import run_application
-from transforms.framing import DEFAULT_FRAMING, iter_file_messages
-from transforms.landing import Lander
+from transforms.ingestion.framing import DEFAULT_FRAMING, iter_file_messages
+from transforms.ingestion.landing import Lander
 from transforms.settings import Settings
 from transforms.testing import run_app
 

@@ -6,12 +6,12 @@ import json
 import pytest
 
 from examples.words import word_count
-from orchestration.gateway import GatewayThread
-from orchestration.sender import send_files
 from tests.conftest import DATA
 from tests.tcp import Receiver
 from transforms import lake
 from transforms.engine import run_application
+from transforms.ingestion.gateway import GatewayThread
+from transforms.ingestion.sender import send_files
 
 pytestmark = pytest.mark.spark
 

@@ -1,5 +1,5 @@
 """Archiving the landing under `eventide serve`: segments every query reading a log has committed move
-out of the folder Spark's file source lists on every trigger (transforms/landing.py,
+out of the folder Spark's file source lists on every trigger (transforms/ingestion/landing.py,
 archive_segments), so that folder stays small over a day of low-latency operation. The log stays whole
 and replayable: readers of the landing (`list_segments`, quarantine replay, recovery) see both folders,
 and a query that has committed nothing yet reads both (runner.build_stream).
@@ -15,7 +15,7 @@ from collections import defaultdict
 
 from transforms.engine.checkpoints import has_commits, landing_log_of, latest_checkpoints, processed_segments
 from transforms.engine.plan import QueryPlan
-from transforms.landing import archive_segments
+from transforms.ingestion.landing import archive_segments
 from transforms.settings import Settings
 
 

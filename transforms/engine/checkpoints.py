@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from transforms.landing import parse_segment_name
+from transforms.ingestion.landing import parse_segment_name
 
 
 def batch_ids(folder: Path) -> list[int]:

@@ -31,7 +31,7 @@ from transforms.engine.plan import QueryPlan, plan_queries
 from transforms.engine.report import RunReport
 from transforms.engine.sinks import BatchWriter, resolve_tcp_sinks
 from transforms.engine.stages import make_pre_stage
-from transforms.landing import LANDING_DDL, list_segments
+from transforms.ingestion.landing import LANDING_DDL, list_segments
 from transforms.settings import Settings
 from transforms.spark import explain_task_error
 

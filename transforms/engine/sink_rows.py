@@ -95,7 +95,7 @@ def outputs_to_table(sink: DeltaSink, outs: list, meta: EnvelopeColumns) -> pa.T
 
 
 def encode_all(sink: TCPSink, outs: list) -> list[bytes]:
-    from transforms.framing import DEFAULT_FRAMING
+    from transforms.ingestion.framing import DEFAULT_FRAMING
 
     return [DEFAULT_FRAMING.encode(sink.encoder(o)) if sink.framed else sink.encoder(o) for o in outs]
 

@@ -517,7 +517,7 @@ def _first_per_key(table: pa.Table) -> pa.Table:
 def _with_landed_payloads(q: pa.Table, settings: Settings, group: str) -> pa.Table:
     """Messages quarantined after the pre stage travel without their payload (it is not shuffled):
     take it from the landing log, so every quarantine row holds the exact bytes that failed."""
-    from transforms.landing import payloads_for
+    from transforms.ingestion.landing import payloads_for
 
     payloads = q.column("payload").to_pylist()
     seqs = q.column("seq").to_pylist()

@@ -1,7 +1,7 @@
 """Getting files into the landing area: over TCP to a running gateway (`send_files`, like Wallaroo's
 sender) or directly, without a network (`ingest_files`). Both produce the same messages.
 
-Messages of a file follow `transforms.framing.iter_file_messages`: a text file gives one message per
+Messages of a file follow `transforms.ingestion.framing.iter_file_messages`: a text file gives one message per
 line with its trailing newline; a framed file is split into its frames (over TCP: sent byte for byte).
 `framed=None` guesses from the extension (`.msg` = framed) and refuses a file whose content says the
 guess is wrong; `framed=True/False` (`--framed`/`--lines`) is obeyed. With `end_of_day`, one message
@@ -19,8 +19,14 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
-from transforms.framing import DEFAULT_FRAMING, LANDED_ACK, Framing, is_framed_file, iter_file_messages
-from transforms.landing import Lander
+from transforms.ingestion.framing import (
+    DEFAULT_FRAMING,
+    LANDED_ACK,
+    Framing,
+    is_framed_file,
+    iter_file_messages,
+)
+from transforms.ingestion.landing import Lander
 from transforms.settings import Settings
 
 _SEND_BATCH_BYTES = 1 << 20  # frame lines into ~1 MiB writes: few syscalls, bounded memory

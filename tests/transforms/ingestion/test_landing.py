@@ -12,7 +12,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from transforms.landing import LANDING_SCHEMA, Lander, LandingBusy, list_segments, read_landed
+from transforms.ingestion.landing import LANDING_SCHEMA, Lander, LandingBusy, list_segments, read_landed
 from transforms.settings import Settings
 
 MARKET = Settings().group_of("orders")  # the landing log market_data and orders share
@@ -172,7 +172,7 @@ def test_process_crash_with_open_journal_is_recovered(settings):
         f"""
         import os
         from pathlib import Path
-        from transforms.landing import Lander
+        from transforms.ingestion.landing import Lander
         from transforms.settings import Settings
         lander = Lander(Settings(home=Path({str(settings.home)!r})))
         lander.append("market_data", b"m1", "crash")

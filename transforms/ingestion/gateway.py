@@ -33,8 +33,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from transforms.files import write_text_atomic
-from transforms.framing import LANDED_ACK, FrameDecoder, FrameTooLarge, Framing, TruncatedFrame
-from transforms.landing import Lander
+from transforms.ingestion.framing import LANDED_ACK, FrameDecoder, FrameTooLarge, Framing, TruncatedFrame
+from transforms.ingestion.landing import Lander
 from transforms.settings import ConfigError, Settings
 
 log = logging.getLogger(__name__)

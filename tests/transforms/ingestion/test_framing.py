@@ -9,9 +9,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from transforms.framing import DEFAULT_FRAMING, FrameTooLarge, Framing, TruncatedFrame, iter_file_messages
+from transforms.ingestion.framing import (
+    DEFAULT_FRAMING,
+    FrameTooLarge,
+    Framing,
+    TruncatedFrame,
+    iter_file_messages,
+)
 
-DATA = Path(__file__).resolve().parents[2] / "data" / "wallaroo"
+DATA = Path(__file__).resolve().parents[3] / "data" / "wallaroo"
 
 payload_lists = st.lists(st.binary(max_size=300), max_size=40)
 

@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from orchestration.gateway import GatewayError, GatewayThread
-from orchestration.sender import GatewayUnavailable, InputFileError, ingest_files, send_files
-from transforms.framing import DEFAULT_FRAMING, LANDED_ACK, Framing
-from transforms.landing import Lander, LandingBusy, list_segments, read_landed
+from transforms.ingestion.framing import DEFAULT_FRAMING, LANDED_ACK, Framing
+from transforms.ingestion.gateway import GatewayError, GatewayThread
+from transforms.ingestion.landing import Lander, LandingBusy, list_segments, read_landed
+from transforms.ingestion.sender import GatewayUnavailable, InputFileError, ingest_files, send_files
 from transforms.settings import ConfigError, Settings
 
-DATA = Path(__file__).resolve().parents[2] / "data" / "wallaroo"
+DATA = Path(__file__).resolve().parents[3] / "data" / "wallaroo"
 MARKET = Settings().group_of("orders")  # the landing log market_data and orders share
 DAY_1 = DATA / "log_windowing" / "day_1.log"
 DAY_2 = DATA / "log_windowing" / "day_2.log"
@@ -244,7 +244,7 @@ def test_send_without_end_of_day_sends_only_lines(gateway, settings):
 
 
 def test_send_says_how_far_a_big_send_has_got(gateway, settings, tmp_path, monkeypatch):
-    import orchestration.sender as sender
+    import transforms.ingestion.sender as sender
 
     monkeypatch.setattr(sender, "PROGRESS_EVERY_SECONDS", 0.0)  # every chunk, instead of every 2 s
     big = tmp_path / "big.txt"
@@ -406,7 +406,7 @@ def test_flush_from_another_thread_makes_messages_visible(gateway, settings):
 # -- the service as a process: SIGKILL mid-stream, restart, SIGTERM ------------------------------------
 
 SERVE = (
-    "from orchestration.gateway import serve_forever; from transforms.settings import Settings; "
+    "from transforms.ingestion.gateway import serve_forever; from transforms.settings import Settings; "
     "serve_forever(Settings.from_env(), progress_interval=0.2)"
 )
 
@@ -549,7 +549,7 @@ def test_benchmark_lands_every_message():
 
 
 def test_serve_forever_reports_a_busy_landing(settings):
-    from orchestration.gateway import serve_forever
+    from transforms.ingestion.gateway import serve_forever
 
     output: list[str] = []
     with Lander(settings), pytest.raises(LandingBusy, match="in use by process"):
