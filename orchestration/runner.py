@@ -5,11 +5,14 @@ First the pipelines job (bronze, every registered app with the checks on its sin
 Then what the apps' extras say is due: every sensor and schedule of the definitions (except those
 that start the pipelines job, which just ran) is evaluated once, here, and the runs it requests are
 executed in this process. Sensors are asked with the cursor they left at the end of the last run
-whose requested runs all succeeded (kept in `EVENTIDE_HOME/dagster/sensor-cursors.json`, shared with
-`eventide serve`), so a run with nothing new requests nothing; without that file they are asked
-without a cursor and request everything they would ever have requested (the log app's sensor: every
-day with a closed window); the runs must be idempotent, as partition runs are. Only standard and
-asset sensors, and schedules, whose default status is RUNNING are asked.
+whose requested runs all succeeded, kept where the Dagster daemon keeps it (the sensor's state in the
+instance under `EVENTIDE_HOME/dagster`): `eventide run`, `eventide serve` and the daemon of
+`eventide ui` share one memory, so none redoes what another did. The pipelines job's own sensor is
+asked before the pipelines run and its cursor kept with the others (what it would ask for, this run
+does). A run with nothing new requests nothing; a sensor without a cursor yet is asked without one
+and requests everything it would ever have requested (the log app's sensor: every day with a closed
+window); the runs must be idempotent, as partition runs are. Only standard and asset sensors, and
+schedules, whose default status is RUNNING are asked.
 
 A failure stops only what depends on it: a failed blocking check (or a failed step) holds back the
 assets downstream of it, in the run (Dagster's blocking checks) and in the requested runs (`run_all`
@@ -25,15 +28,16 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import json
 import os
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
 
 import dagster as dg
 
-from transforms.files import write_text_atomic
 from transforms.settings import Settings
 
 QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
@@ -62,22 +66,72 @@ INSTANCE_CONFIG = {
 }
 
 
-def cursors_file(settings: Settings):
-    return settings.dagster_home / "sensor-cursors.json"
+WORKSPACE_FILE = Path(__file__).resolve().parents[1] / "workspace.yaml"
 
 
-def load_cursors(settings: Settings) -> dict[str, str | None]:
-    """The sensors' cursors the last complete round of requested runs left ({} if none or unreadable:
-    the sensors then request everything again, which idempotent runs allow)."""
-    try:
-        cursors = json.loads(cursors_file(settings).read_text())
-    except (OSError, ValueError):
-        return {}
-    return cursors if isinstance(cursors, dict) else {}
+def _sensor_origin(name: str):
+    """The origin by which the Dagster daemon knows sensor `name` of the workspace's code location
+    (workspace.yaml): its instigator state, cursor included, is found under the same selector."""
+    from dagster._core.definitions.repository_definition.valid_definitions import SINGLETON_REPOSITORY_NAME
+    from dagster._core.remote_origin import RemoteInstigatorOrigin, RemoteRepositoryOrigin
+
+    return RemoteInstigatorOrigin(RemoteRepositoryOrigin(_workspace_origin(), SINGLETON_REPOSITORY_NAME), name)
 
 
-def save_cursors(settings: Settings, cursors: dict[str, str | None]) -> None:
-    write_text_atomic(cursors_file(settings), json.dumps(cursors, sort_keys=True))
+@cache
+def _workspace_origin():
+    from dagster._core.workspace.load import location_origins_from_yaml_paths
+
+    (origin,) = location_origins_from_yaml_paths([str(WORKSPACE_FILE)])
+    return origin
+
+
+def _sensor_state(instance: dg.DagsterInstance, name: str):
+    origin = _sensor_origin(name)
+    return origin, instance.get_instigator_state(origin.get_id(), origin.get_selector().get_id())
+
+
+def load_cursors(instance: dg.DagsterInstance, defs: dg.Definitions) -> dict[str, str | None]:
+    """Each sensor's cursor as the Dagster instance holds it: the one memory of `eventide run`,
+    `eventide serve` and the daemon under `eventide ui` / `dagster dev` (a sensor without a cursor
+    yet is left out: it is asked without one, and requests everything, which idempotent runs allow)."""
+    from dagster._core.scheduler.instigation import SensorInstigatorData
+
+    cursors = {}
+    for sensor in defs.sensors or ():
+        _, state = _sensor_state(instance, sensor.name)
+        data = state.instigator_data if state is not None else None
+        if isinstance(data, SensorInstigatorData) and data.cursor is not None:
+            cursors[sensor.name] = data.cursor
+    return cursors
+
+
+def save_cursors(instance: dg.DagsterInstance, defs: dg.Definitions, cursors: dict[str, str | None]) -> None:
+    """Store the sensors' cursors in the instance, where the daemon reads them (its sensor state, made
+    as the daemon makes it when there is none yet)."""
+    from dagster._core.scheduler.instigation import (
+        InstigatorState,
+        InstigatorStatus,
+        InstigatorType,
+        SensorInstigatorData,
+    )
+
+    now = time.time()
+    for sensor in defs.sensors or ():
+        if cursors.get(sensor.name) is None:
+            continue
+        origin, state = _sensor_state(instance, sensor.name)
+        if state is None:
+            instance.add_instigator_state(InstigatorState(
+                origin, InstigatorType.SENSOR, InstigatorStatus.DECLARED_IN_CODE,
+                SensorInstigatorData(min_interval=sensor.minimum_interval_seconds, cursor=cursors[sensor.name],
+                                     last_sensor_start_timestamp=now, sensor_type=sensor.sensor_type)))
+            continue
+        data = state.instigator_data
+        if not isinstance(data, SensorInstigatorData):
+            data = SensorInstigatorData(min_interval=sensor.minimum_interval_seconds, sensor_type=sensor.sensor_type)
+        if data.cursor != cursors[sensor.name]:
+            instance.update_instigator_state(state.with_data(data._replace(cursor=cursors[sensor.name])))
 
 
 def write_instance_config(dagster_home) -> None:
@@ -242,9 +296,11 @@ def _collect(result, summary: RunSummary, partition: str = "") -> set[dg.AssetKe
 
 
 def due_runs(defs: dg.Definitions, instance: dg.DagsterInstance, skip_jobs: tuple[str, ...] = (),
-             now: dt.datetime | None = None, cursors: dict[str, str | None] | None = None) -> list[DueRun]:
+             now: dt.datetime | None = None, cursors: dict[str, str | None] | None = None,
+             only_jobs: tuple[str, ...] | None = None) -> list[DueRun]:
     """Ask every standard sensor and schedule (default RUNNING) of `defs` once and return the runs they
-    request, one per (job, partition), sorted. Those targeting `skip_jobs` are not asked.
+    request, one per (job, partition), sorted. Those targeting `skip_jobs` are not asked, nor (with
+    `only_jobs`) those targeting none of `only_jobs`.
 
     Without `cursors` sensors are asked without a cursor (everything they would ever request); with
     it, each sensor gets its entry and the dict gets the cursor it leaves (`eventide serve` keeps one)."""
@@ -255,7 +311,7 @@ def due_runs(defs: dg.Definitions, instance: dg.DagsterInstance, skip_jobs: tupl
     for sensor in defs.sensors or ():
         jobs = [t.job_name for t in sensor.targets]
         if (sensor.sensor_type.name not in _ASKED_SENSORS or sensor.default_status != dg.DefaultSensorStatus.RUNNING
-                or set(jobs) & set(skip_jobs)):
+                or set(jobs) & set(skip_jobs) or (only_jobs is not None and not set(jobs) & set(only_jobs))):
             continue
         cursor = cursors.get(sensor.name) if cursors is not None else None
         with dg.build_sensor_context(instance=instance, resources=resources, sensor_name=sensor.name,
@@ -265,7 +321,8 @@ def due_runs(defs: dg.Definitions, instance: dg.DagsterInstance, skip_jobs: tupl
             cursors[sensor.name] = data.cursor
         asked.append((sensor.name, jobs[0] if len(jobs) == 1 else None, list(data.run_requests or ())))
     for schedule in defs.schedules or ():
-        if schedule.default_status != dg.DefaultScheduleStatus.RUNNING or schedule.job_name in skip_jobs:
+        if (schedule.default_status != dg.DefaultScheduleStatus.RUNNING or schedule.job_name in skip_jobs
+                or (only_jobs is not None and schedule.job_name not in only_jobs)):
             continue
         with dg.build_schedule_context(instance=instance, resources=resources, scheduled_execution_time=now,
                                        repository_def=repo) as ctx:
@@ -320,6 +377,9 @@ def run_all(settings: Settings, progress: Callable[[str], None] = print, summari
     summary = RunSummary()
     if spark_starting is not None:
         spark_starting.join()  # it swaps stdout and stderr while the JVM starts: nothing may print before
+    cursors = load_cursors(instance, defs)
+    # What the pipelines' sensor would ask for now, this run does: its cursor moves on with the others.
+    due_runs(defs, instance, cursors=cursors, only_jobs=(PIPELINES_JOB,))
     progress("running the pipelines (bronze, apps, quarantine) through Dagster ...")
     result = defs.resolve_job_def(PIPELINES_JOB).execute_in_process(instance=instance, raise_on_error=False, run_config=QUIET)
     unusable = _collect(result, summary)
@@ -331,9 +391,10 @@ def run_all(settings: Settings, progress: Callable[[str], None] = print, summari
     if summary.not_materialized:
         progress(f"  not materialized (downstream of a failure): {', '.join(summary.not_materialized)}")
     if not summaries:
+        if summary.passed:
+            save_cursors(instance, defs, cursors)
         return summary
     progress("asking the apps' sensors and schedules what is due ...")
-    cursors = load_cursors(settings)
     due = merge_ranges(defs, due_runs(defs, instance, skip_jobs=(PIPELINES_JOB,), cursors=cursors))
     runnable = []
     for run in due:
@@ -353,5 +414,5 @@ def run_all(settings: Settings, progress: Callable[[str], None] = print, summari
         _collect(execute_due(defs, instance, run), summary, run.partitions)
     # The cursors move on only when every requested run ran and passed; else the next run asks again.
     if summary.passed and not summary.held_back:
-        save_cursors(settings, cursors)
+        save_cursors(instance, defs, cursors)
     return summary

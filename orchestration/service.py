@@ -129,7 +129,7 @@ class FollowUps:
         self.settings, self.say = settings, say
         self.defs = build_definitions(settings.registry)
         self.instance = dagster_instance(settings)
-        self.cursors: dict[str, str | None] = load_cursors(settings)  # shared with `eventide run`
+        self.cursors: dict[str, str | None] = load_cursors(self.instance, self.defs)  # the daemon's too
         self.runs = 0
 
     def run_due(self, now: dt.datetime | None = None, stopping: Callable[[], bool] = lambda: False) -> int:
@@ -159,7 +159,7 @@ class FollowUps:
             self.say(f"{what} (asked by {run.requested_by}): " + (f"FAILED {'; '.join(failed)}" if failed else "done"))
             self.runs += 1
         if self.cursors != before:
-            save_cursors(self.settings, self.cursors)
+            save_cursors(self.instance, self.defs, self.cursors)
         return len(due)
 
 
