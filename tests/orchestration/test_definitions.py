@@ -238,3 +238,25 @@ def test_dagster_asset_materialize_runs_a_users_app_and_its_checks(user_app, tmp
     (run,) = instance.get_runs()
     kinds = {e.dagster_event.event_type_value for e in instance.all_logs(run.run_id) if e.dagster_event}
     assert "STEP_SUCCESS" in kinds and not kinds & {"STEP_WORKER_STARTING", "STEP_WORKER_STARTED"}
+
+
+def test_dagster_project_tools_list_and_check_the_definitions(tmp_path):
+    """`dg list defs` and `dg check defs` work next to workspace.yaml ([tool.dg] in pyproject.toml)."""
+    import json
+
+    dagster_home = tmp_path / "dagster"
+    dagster_home.mkdir()
+    (dagster_home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    env = {**os.environ, "DAGSTER_HOME": str(dagster_home), "EVENTIDE_HOME": str(tmp_path / "home"),
+           "EVENTIDE_APPS": DEFAULT_APPS, "VIRTUAL_ENV": sys.prefix}
+    dg_cli = os.path.join(os.path.dirname(sys.executable), "dg")
+    listed = subprocess.run([dg_cli, "list", "defs", "--json"], cwd=REPO, env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert listed.returncode == 0, listed.stderr[-3000:]
+    defs = json.loads(listed.stdout)
+    assets = {a["asset_key"] for a in defs["assets"]}
+    assert {"bronze_log_lines", "log_windows", "daily_return_code_summary", "market_state", "word_totals"} <= assets
+    assert {s["name"] for s in defs["sensors"]} == {"log_windows_sensor", "new_segments_sensor"}
+    checked = subprocess.run([dg_cli, "check", "defs"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert checked.returncode == 0, checked.stdout[-3000:] + checked.stderr[-3000:]
+    assert "All definitions loaded successfully." in checked.stdout + checked.stderr
