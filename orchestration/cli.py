@@ -60,6 +60,9 @@ def _files(paths: list[str]) -> list[Path]:
 
 def cmd_serve(args, settings) -> int:
     from transforms.ingestion.gateway import serve_forever
+    from transforms.ingestion.log import open_log
+
+    open_log(settings).check()  # Kafka: unreachable stops here, naming the address
 
     service = None
     if not args.gateway_only:
@@ -90,11 +93,15 @@ def cmd_send(args, settings) -> int:
 
 
 def cmd_ingest(args, settings) -> int:
+    from transforms.ingestion.log import open_log
     from transforms.ingestion.sender import ingest_files
 
     settings.group_of(args.stream)
-    n = ingest_files(settings, args.stream, _files(args.files), end_of_day=args.end_of_day, framed=_framed(args))
-    print(f"landed {n} messages in {args.stream} under {settings.landing}")
+    files = _files(args.files)
+    log = open_log(settings)
+    log.check()
+    n = ingest_files(settings, args.stream, files, end_of_day=args.end_of_day, framed=_framed(args))
+    print(f"landed {n} messages in {args.stream} in {log.describe()}")
     return 0
 
 
@@ -122,7 +129,10 @@ def format_check_failure(f) -> list[str]:
 
 def cmd_run(args, settings) -> int:
     from transforms.engine.runner import home_has_work
+    from transforms.ingestion.log import open_log
     from transforms.spark import start_in_background
+
+    open_log(settings).check()
 
     # The JVM starts (2-4 s) while Dagster is imported and the definitions are built; none if nothing is new.
     starting = start_in_background(settings) if home_has_work(settings) else None
@@ -186,7 +196,7 @@ def cmd_apps(args, settings) -> int:
 def cmd_status(args, settings) -> int:
     from orchestration.status import compute_status, format_status
 
-    print(format_status(compute_status(settings), args.format), end="")
+    print(format_status(compute_status(settings), args.format, settings), end="")
     return 0
 
 

@@ -251,14 +251,14 @@ class Service:
         """Let the bronze queries commit the segments landed so far before follow-up runs read the
         tables: bronze runs less often than the apps' queries, and the follow-ups' checks compare the
         apps' tables with bronze. Bounded: under a busy stream, it goes on after two bronze cycles."""
-        from transforms.engine.checkpoints import processed_segments
-        from transforms.ingestion.landing import list_segments
+        from transforms.ingestion.log import open_log
 
+        log = open_log(self.settings)
         bronze = [q.plan for q in self.queries if q.plan.app in self._bronze_apps]
-        wanted = {p.name: {s.name for s in list_segments(self.settings, p.group, archived=False)} for p in bronze}
+        wanted = {p.name: log.position(p.group) for p in bronze}
         deadline = time.monotonic() + 2 * self.settings.bronze_trigger_interval + 5
         while not self._stop.is_set() and time.monotonic() < deadline:
-            if all(wanted[p.name] <= processed_segments(p.checkpoint(self.settings))[1] for p in bronze):
+            if all(log.reached(p, wanted[p.name]) for p in bronze):
                 return
             time.sleep(0.2)
 
@@ -278,14 +278,14 @@ class Service:
             self.say(f"lake upkeep: {', '.join(changed)}")
 
     def _archive(self, plans) -> None:
-        from transforms.engine.archive import archive_committed
+        from transforms.ingestion.log import open_log
 
         try:
-            moved = archive_committed(self.settings, plans)
-        except OSError as e:  # the landing stays as it is; the next round tries again
+            moved = open_log(self.settings).upkeep(plans)  # the landing archives what every query committed
+        except OSError as e:  # the log stays as it is; the next round tries again
             self.say(f"archiving the landing failed: {e}")
             return
-        self.archived += sum(moved.values())
+        self.archived += moved
 
     def _follow_main(self) -> None:
         last_schedules = 0.0

@@ -1,18 +1,12 @@
-"""`eventide status`: how far each landing log and each query has got, from the files under the home
-alone (no Spark session, no JVM: fast, and safe to run next to a running `eventide serve`). Nothing
-here imports pyspark itself; `transforms.engine` (for the query plans and locks) does, eagerly, but
-only the Python package: no JVM starts.
+"""`eventide status`: how far each log and each query has got, from the files under the home (and,
+with EVENTIDE_LOG=kafka://..., the topics' offsets) alone: no Spark session, no JVM, so fast and safe to
+run next to a running `eventide serve`. Nothing here imports pyspark itself; `transforms.engine` (for
+the query plans and locks) does, eagerly, but only the Python package: no JVM starts.
 
-- A landing log (`<home>/landing/<log>`): its closed segments (messages, last sequence) and the
-  messages still in open journals ("open": landed, not yet visible to the queries).
-- A query (every stream's bronze query and every registered app's queries): what its Spark checkpoint
-  says it has processed, read without Spark. `commits/<batch>` files say which batches committed; the
-  offset log `offsets/<batch>` gives, per source, how far a batch read (the file source's offset is
-  `{"logOffset": n}`: its own batch counter, which falls behind the query's batch ids when the query
-  also reads the timer clock); the file source's metadata log `sources/<i>/<n>` (and
-  `<n>.compact`, every 10 entries) names the files of each of its batches. Processed segments are
-  those the file source listed up to the offset of the last committed batch; the rest of the log's
-  segments, plus the open journals, are the lag.
+- A log and each query's progress in it come from the log (transforms/ingestion/log.py, `Log.status`):
+  the landing log's closed segments and open journals, and what each query's file source has
+  processed up to its last committed batch (read from its checkpoint); or a Kafka topic's end offset
+  and the offset each query's checkpoint has committed.
 - Whether `eventide serve` runs on this home (`gateway.json`), and who holds each query's lock.
 
 JSON (`--format json`): one object, keys in this order (`null` where there is nothing):
@@ -20,11 +14,15 @@ JSON (`--format json`): one object, keys in this order (`null` where there is no
     {"version": 1, "home": str, "generated_at": ISO-8601 UTC,
      "serve": {"running": bool, "pid": int|null, "host": str|null, "ports": {stream: port},
                "queries": bool (serve also runs the queries), "started_at": str|null},
-     "logs": [{"log": str, "streams": [str], "segments": int, "messages": int (closed segments),
-               "last_seq": int|null (closed), "open": int (in open journals), "open_last_seq": int|null}],
+     "logs": [{"log": str, "streams": [str], "kind": "landing"|"kafka", "segments": int,
+               "messages": int (closed segments; Kafka: held by the topic), "last_seq": int|null (closed),
+               "open": int (in open journals), "open_last_seq": int|null,
+               "topic": str|null, "end_offset": int|null (Kafka: the next offset to be written),
+               "error": str|null (Kafka: the topic could not be read)}],
      "queries": [{"query": str, "app": str, "log": str, "streams": [str], "checkpoint": str,
                   "last_committed_batch": int|null, "processed_segments": int,
                   "processed_last_seq": int|null (null: processed nothing yet),
+                  "processed_offset": int|null (Kafka: the next offset its checkpoint reads),
                   "lag_messages": int (messages of its streams not processed, open ones included),
                   "lag_seconds": float (now - receive time of the oldest of them; 0.0 when none),
                   "oldest_unprocessed": ISO-8601 UTC|null,
@@ -43,13 +41,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
-
 from transforms import lake
-from transforms.engine.checkpoints import processed_segments
-from transforms.ingestion.landing import _read_journal, list_segments, parse_segment_name
+from transforms.ingestion.log import LogStatus, Progress, grid, open_log
 from transforms.settings import Settings
 
 FORMAT_VERSION = 1
@@ -66,17 +59,6 @@ class ServeStatus:
 
 
 @dataclass
-class LogStatus:
-    log: str
-    streams: list[str]
-    segments: int = 0
-    messages: int = 0
-    last_seq: int | None = None
-    open: int = 0
-    open_last_seq: int | None = None
-
-
-@dataclass
 class QueryStatus:
     query: str
     app: str
@@ -86,6 +68,7 @@ class QueryStatus:
     last_committed_batch: int | None = None
     processed_segments: int = 0
     processed_last_seq: int | None = None
+    processed_offset: int | None = None
     lag_messages: int = 0
     lag_seconds: float = 0.0
     oldest_unprocessed: str | None = None
@@ -114,77 +97,6 @@ class Status:
         return {"version": FORMAT_VERSION, **dataclasses.asdict(self)}
 
 
-# -- the landing ---------------------------------------------------------------------------------------
-@dataclass
-class _Segment:
-    path: Path
-    first: int
-    last: int
-    rows: int
-
-
-def _read(read, archive: Path, path: Path, **kwargs):
-    """`read(path)`, or of the same segment in the archive if a running serve just moved it there."""
-    try:
-        return read(path, **kwargs)
-    except FileNotFoundError:
-        return read(archive / path.name, **kwargs)
-
-
-class _Log:
-    """One landing log read once: its segments (row counts from the Parquet footers) and open records.
-    Journals are read before the segments are listed, so a journal closed in between is counted once
-    (its records then also in a segment: dropped from the open ones by sequence)."""
-
-    def __init__(self, settings: Settings, log: str, streams: list[str]):
-        self.name, self.streams = log, streams
-        self.archive = settings.landing_archive / log
-        folder = settings.landing / log
-        records = []
-        for journal in sorted(folder.glob(".journal-*")) if folder.is_dir() else ():
-            try:
-                records.extend(_read_journal(journal)[0])
-            except FileNotFoundError:
-                continue  # closed meanwhile: its records are in a segment now
-        self.segments = []
-        for path in list_segments(settings, log):
-            first, last = parse_segment_name(path.name)
-            self.segments.append(_Segment(path, first, last, _read(pq.read_metadata, self.archive, path).num_rows))
-        closed = max((s.last for s in self.segments), default=0)
-        # (stream, seq, receive time in us) of the records landed but not in a closed segment yet
-        self.open = sorted(((r[0], r[1], r[2]) for r in records if r[1] > closed), key=lambda r: r[1])
-        self._counts: dict[Path, dict[str, int]] = {}
-
-    def status(self) -> LogStatus:
-        return LogStatus(
-            log=self.name, streams=list(self.streams), segments=len(self.segments),
-            messages=sum(s.rows for s in self.segments),
-            last_seq=max((s.last for s in self.segments), default=None),
-            open=len(self.open), open_last_seq=self.open[-1][1] if self.open else None,
-        )
-
-    def rows_of(self, seg: _Segment, streams: list[str]) -> int:
-        """Messages of `streams` in a segment: its footer's row count when the log holds only those
-        streams, else a count over its `stream` column."""
-        if set(self.streams) <= set(streams):
-            return seg.rows
-        if seg.path not in self._counts:
-            column = _read(pq.read_table, self.archive, seg.path, columns=["stream"]).column("stream")
-            self._counts[seg.path] = {v["values"]: v["counts"] for v in pc.value_counts(column).to_pylist()}
-        return sum(self._counts[seg.path].get(s, 0) for s in streams)
-
-    def oldest_receive_us(self, seg: _Segment, streams: list[str]) -> int | None:
-        """The earliest receive time (us since the epoch) of `streams` in a segment (two columns read)."""
-        filtered = not set(self.streams) <= set(streams)
-        table = _read(pq.read_table, self.archive, seg.path,
-                      columns=["stream", "receive_time"] if filtered else ["receive_time"])
-        times = table.column("receive_time")
-        if filtered:
-            times = times.filter(pc.is_in(table.column("stream"), value_set=pa.array(streams, pa.string())))
-        oldest = pc.min(times.cast(pa.timestamp("us", tz="UTC")))
-        return oldest.value if oldest.is_valid else None  # microseconds since the epoch
-
-
 # -- everything ---------------------------------------------------------------------------------------
 def query_plans(settings: Settings) -> list:
     """Every stream's bronze query, then every registered app's queries (as `eventide serve` runs them)."""
@@ -211,33 +123,19 @@ def serve_status(settings: Settings) -> ServeStatus:
                        queries=bool(record.get("queries", False)), started_at=record.get("started_at"))
 
 
-def query_status(settings: Settings, plan, log: _Log, now: float) -> QueryStatus:
+def query_status(settings: Settings, plan, progress: Progress, now: float) -> QueryStatus:
     from transforms.engine.locks import holder_of
 
     checkpoint = plan.checkpoint(settings)
-    committed, names = processed_segments(checkpoint)
-    streams = list(plan.streams)
-    done = [parse_segment_name(n) for n in names]
-    pending = [s for s in log.segments if s.path.name not in names]
-    lag = sum(log.rows_of(s, streams) for s in pending)
-    open_records = [r for r in log.open if r[0] in streams]
-    oldest = None
-    for seg in pending:
-        if log.rows_of(seg, streams):
-            oldest = log.oldest_receive_us(seg, streams)
-            if oldest is not None:
-                break
-    if oldest is None and open_records:
-        oldest = min(r[2] for r in open_records)
-    lag += len(open_records)
+    oldest = progress.oldest_unprocessed_us
     holder = holder_of(settings, plan.name)
     return QueryStatus(
-        query=plan.name, app=plan.app, log=plan.group, streams=streams, checkpoint=str(checkpoint.absolute()),
-        last_committed_batch=committed, processed_segments=len(names),
-        processed_last_seq=max((d[1] for d in done), default=None),
-        lag_messages=lag,
-        lag_seconds=0.0 if oldest is None else round(max(0.0, now - oldest / 1_000_000), 3),
-        oldest_unprocessed=_iso(oldest),
+        query=plan.name, app=plan.app, log=plan.group, streams=list(plan.streams),
+        checkpoint=str(checkpoint.absolute()), last_committed_batch=progress.last_committed_batch,
+        processed_segments=progress.processed_segments, processed_last_seq=progress.processed_last_seq,
+        processed_offset=progress.processed_offset, lag_messages=progress.lag_messages,
+        lag_seconds=0.0 if oldest is None or not progress.lag_messages else round(max(0.0, now - oldest / 1_000_000), 3),
+        oldest_unprocessed=_iso(oldest) if progress.lag_messages else None,
         held_by=None if holder is None else {k: holder.get(k) for k in ("pid", "command", "since")},
         tcp_in_doubt={f.name[len("tcp-"):-len(".in-doubt")]: len(f.read_text().splitlines())
                       for f in sorted(checkpoint.glob("tcp-*.in-doubt"))},
@@ -245,13 +143,14 @@ def query_status(settings: Settings, plan, log: _Log, now: float) -> QueryStatus
 
 
 def compute_status(settings: Settings, now: float | None = None) -> Status:
-    """The status of the home's landing logs and queries (`now`: seconds since the epoch, for the lag)."""
+    """The status of the home's logs and queries (`now`: seconds since the epoch, for the lag)."""
     now = time.time() if now is None else now
-    logs = {name: _Log(settings, name, streams) for name, streams in sorted(settings.registry.logs.items())}
-    queries = [query_status(settings, p, logs[p.group], now) for p in query_plans(settings)]
+    plans = query_plans(settings)
+    logs, progress = open_log(settings).status(plans, now)
+    queries = [query_status(settings, p, progress[p.name], now) for p in plans]
     return Status(
         home=str(settings.home.absolute()), generated_at=_iso(now * 1_000_000), serve=serve_status(settings),
-        logs=[log.status() for log in logs.values()], queries=queries, tables=table_status(settings),
+        logs=logs, queries=queries, tables=table_status(settings),
     )
 
 
@@ -274,14 +173,6 @@ def _size(n: int) -> str:
 
 
 # -- rendering ----------------------------------------------------------------------------------------
-def _grid(headers: list[str], rows: list[list], left: tuple[int, ...] = (0,)) -> list[str]:
-    """Columns padded to their widest cell; the columns at `left` left-aligned, the rest (numbers) right."""
-    cells = [headers] + [["-" if v is None else str(v) for v in r] for r in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    return ["  ".join(c.ljust(w) if i in left else c.rjust(w)
-                      for i, (c, w) in enumerate(zip(r, widths))).rstrip() for r in cells]
-
-
 def _holder(h: dict | None) -> str:
     return "-" if not h else f"{h.get('command') or 'a process'} (pid {h.get('pid', '?')})"
 
@@ -290,7 +181,7 @@ def _seconds(q: QueryStatus) -> str:
     return "-" if not q.lag_messages else f"{q.lag_seconds:.1f}"
 
 
-def format_status(status: Status, fmt: str = "table") -> str:
+def format_status(status: Status, fmt: str = "table", settings: Settings | None = None) -> str:
     if fmt == "json":
         return json.dumps(status.to_dict(), indent=2) + "\n"
     s = status.serve
@@ -301,15 +192,15 @@ def format_status(status: Status, fmt: str = "table") -> str:
     else:
         serve = "not running"
     lines = [f"home: {status.home}", f"eventide serve: {serve}", ""]
-    lines += _grid(["LOG", "SEGMENTS", "MESSAGES", "LAST SEQ", "OPEN"],
-                   [[g.log, g.segments, g.messages, g.last_seq, g.open] for g in status.logs])
+    settings = settings if settings is not None else Settings(home=Path(status.home))
+    lines += open_log(settings).format_logs(status.logs)
     lines.append("")
-    lines += _grid(["QUERY", "LOG", "PROCESSED TO", "LAG", "LAG SECONDS", "RUN BY"],
+    lines += grid(["QUERY", "LOG", "PROCESSED TO", "LAG", "LAG SECONDS", "RUN BY"],
                    [[q.query, q.log, q.processed_last_seq, q.lag_messages, _seconds(q), _holder(q.held_by)]
                     for q in status.queries], left=(0, 1, 5))
     if status.tables:
         lines.append("")
-        lines += _grid(["TABLE", "VERSION", "FILES", "SIZE"],
+        lines += grid(["TABLE", "VERSION", "FILES", "SIZE"],
                        [[t.table, t.version, t.files, _size(t.bytes)] for t in status.tables])
     doubts = [f"  {q.query}, TCP sink {sink}: {n} batch(es), listed in {q.checkpoint}/tcp-{sink}.in-doubt"
               for q in status.queries for sink, n in q.tcp_in_doubt.items()]
@@ -317,8 +208,6 @@ def format_status(status: Status, fmt: str = "table") -> str:
         lines += ["", "TCP batches in doubt (their sender process stopped while sending them; EVENTIDE_TCP_IN_DOUBT "
                       "says whether they were sent again or skipped):", *doubts]
     lines.append("")
-    lines.append("OPEN: landed, not yet in a closed segment (not visible to queries). "
-                 "PROCESSED TO: the last sequence a query committed (-: nothing yet).")
     lines.append("LAG: its messages not processed (open ones too); LAG SECONDS: age of the oldest of them. "
                  "RUN BY: who holds the query's lock. FILES: data files of a table's current version "
                  "(`eventide upkeep` compacts them).")

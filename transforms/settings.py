@@ -63,6 +63,9 @@ class Settings:
     # it, so the receiver may hold none, part or all of it. "resend" (no output lost; some may arrive twice) or "skip" (none twice;
     # some may be lost). Either way the batch is recorded next to the checkpoint and reported.
     tcp_in_doubt: str = "resend"
+    # The log the gateway and `ingest` write and every query reads (transforms/ingestion/log.py): unset or
+    # `landing` = the landing folder under the home; `kafka://HOST:PORT` = a Kafka topic per sequence group.
+    log: str = ""
     # Gateway
     bind_host: str = "127.0.0.1"
     # Ports by stream, over what the apps' sources declare (`temps=7201,logs=7101`); 0 = a free port.
@@ -201,6 +204,9 @@ class Settings:
             raise ConfigError("EVENTIDE_VACUUM_HOURS and EVENTIDE_UPKEEP_MINUTES must be 0 or positive")
         if self.tcp_in_doubt not in ("resend", "skip"):
             raise ConfigError(f"EVENTIDE_TCP_IN_DOUBT={self.tcp_in_doubt!r}: must be 'resend' or 'skip'")
+        from transforms.ingestion.log import log_kind
+
+        log_kind(self.log)
         if self.state_layout not in ("bucket", "key"):
             raise ConfigError(f"EVENTIDE_STATE_LAYOUT={self.state_layout!r}: must be 'bucket' or 'key'")
         bad_ports = {s: p for s, p in self.ports.items() if not 0 <= p < 65536}

@@ -119,7 +119,7 @@ def run_app(app: Application, messages: Messages, settings: Settings | None = No
     registry = registry_of([app])
     home = Path(tempfile.mkdtemp(prefix=f"eventide-{app.name}-"))
     base = settings if settings is not None else Settings()
-    run_settings = dataclasses.replace(base, home=home, app_registry=registry)
+    run_settings = dataclasses.replace(base, home=home, app_registry=registry, log="landing")  # in-memory messages: the embedded log
     listeners: dict[str, _Listener] = {}
     try:
         _land(run_settings, landed)

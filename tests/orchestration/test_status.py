@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from orchestration.cli import main
-from orchestration.status import compute_status, processed_segments, query_plans
+from orchestration.status import compute_status, query_plans
 from tests.conftest import REPO, land
+from transforms.engine.checkpoints import processed_segments
 from transforms.ingestion.landing import Lander, segment_name
 
 T0 = 1_700_000_000.0  # a fixed receive time: lags in seconds are exact
@@ -175,12 +176,13 @@ def test_cli_json_shape_a_running_serve_and_lock_holders(settings, monkeypatch, 
     assert doc["serve"] == {"running": True, "pid": os.getpid(), "host": settings.bind_host,
                             "ports": {"text": 1234}, "queries": True, "started_at": started_at}
     assert isinstance(doc["serve"]["started_at"], str)
-    assert doc["logs"] == [{"log": "text", "streams": ["text"], "segments": 1, "messages": 2, "last_seq": 2,
-                            "open": 0, "open_last_seq": None}]
+    assert doc["logs"] == [{"log": "text", "streams": ["text"], "kind": "landing", "segments": 1, "messages": 2,
+                            "last_seq": 2, "open": 0, "open_last_seq": None, "topic": None, "end_offset": None,
+                            "error": None}]
     assert [q["query"] for q in doc["queries"]] == ["bronze_text", "word_count"]
     bronze, words = doc["queries"]
     assert list(bronze) == ["query", "app", "log", "streams", "checkpoint", "last_committed_batch",
-                            "processed_segments", "processed_last_seq", "lag_messages", "lag_seconds",
+                            "processed_segments", "processed_last_seq", "processed_offset", "lag_messages", "lag_seconds",
                             "oldest_unprocessed", "held_by", "tcp_in_doubt"]
     assert bronze["tcp_in_doubt"] == {}
     assert bronze["checkpoint"] == str((settings.checkpoints / "bronze_text" / "v1").absolute())
@@ -231,12 +233,13 @@ print(json.dumps({"jvm": jvm, "children": kids}))
 
 def test_a_segment_archived_by_serve_while_status_reads_is_found_in_the_archive(settings, monkeypatch):
     import orchestration.status as status_module
+    import transforms.ingestion.landing as landing_module
     from tests.conftest import land
     from transforms.ingestion.landing import archive_segments
 
     land(settings, "text", [b"a"])
     land(settings, "text", [b"b c"])
-    listed = status_module.list_segments
+    listed = landing_module.list_segments
 
     def list_then_archive(s, log, *args, **kwargs):  # serve archives right after status listed
         out = listed(s, log, *args, **kwargs)
@@ -244,6 +247,6 @@ def test_a_segment_archived_by_serve_while_status_reads_is_found_in_the_archive(
             archive_segments(s, "text", {p.name for p in out})
         return out
 
-    monkeypatch.setattr(status_module, "list_segments", list_then_archive)
+    monkeypatch.setattr(landing_module, "list_segments", list_then_archive)
     (text,) = [log for log in status_module.compute_status(settings).logs if log.log == "text"]
     assert (text.segments, text.messages) == (2, 2)

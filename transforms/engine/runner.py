@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 
 from transforms.api import Application
-from transforms.engine.checkpoints import batch_ids, has_commits, processed_segments
+from transforms.engine.checkpoints import batch_ids
 from transforms.engine.envelope import ENVELOPE, TICK_STREAM
 from transforms.engine.keyed_state import (
     BucketedStateProcessor,
@@ -31,7 +31,7 @@ from transforms.engine.plan import QueryPlan, plan_queries
 from transforms.engine.report import RunReport
 from transforms.engine.sinks import BatchWriter, resolve_tcp_sinks
 from transforms.engine.stages import make_pre_stage
-from transforms.ingestion.landing import LANDING_DDL, list_segments
+from transforms.ingestion.log import open_log
 from transforms.settings import Settings
 from transforms.spark import explain_task_error
 
@@ -39,14 +39,7 @@ from transforms.spark import explain_task_error
 def build_stream(spark, plan: QueryPlan, settings: Settings, layout: StateLayout = StateLayout.BUCKET):
     """The streaming DataFrame of a plan, up to the sinks. `layout`: how a keyed plan's state is
     grouped (its checkpoint's, see keyed_state.state_layout)."""
-    src_dir = settings.landing / plan.group
-    src_dir.mkdir(parents=True, exist_ok=True)
-    reader = spark.readStream.schema(LANDING_DDL)
-    if settings.max_files_per_trigger:
-        reader = reader.option("maxFilesPerTrigger", settings.max_files_per_trigger)
-    elif settings.max_bytes_per_trigger:
-        reader = reader.option("maxBytesPerTrigger", settings.max_bytes_per_trigger)
-    df = reader.option("basePath", str(settings.home.absolute())).parquet(landing_path(plan, settings))
+    df = open_log(settings).source(spark, plan)
     df = df.where(df.stream.isin(plan.streams))
     if not plan.quarantine_landing_errors:
         df = df.where(df.landing_error.isNull())
@@ -70,32 +63,16 @@ def build_stream(spark, plan: QueryPlan, settings: Settings, layout: StateLayout
     return env
 
 
-def landing_path(plan: QueryPlan, settings: Settings) -> str:
-    """What the query's file source reads, as a Hadoop glob under the home: the live folder of its
-    log, and also the archive (engine/archive.py) while the query has committed nothing (it starts from
-    the beginning). Always a glob, with the home as base path: Spark sets a plain path as its own base
-    path, and a query that read the archive in its first run re-reads that batch's files after a
-    restart (to set its source up) with whatever path it has then."""
-    live = settings.landing.name
-    folders = live
-    if not has_commits(plan.checkpoint(settings)) and (settings.landing_archive / plan.group).is_dir():
-        folders = f"{live},{settings.landing_archive.name}"
-    return f"{settings.home.absolute()}/{{{folders}}}/{plan.group}"
-
-
 def nothing_new(plan: QueryPlan, settings: Settings) -> bool:
-    """Whether a run of the plan would do nothing, decided from files alone (no Spark): its last
-    planned batch committed (or none planned), every landing
-    segment it would read processed (none landed yet counts), and no timers (due timers live in
-    Spark's state store, so a query with timers always runs)."""
+    """Whether a run of the plan would do nothing, decided without Spark: its last planned batch
+    committed (or none planned), everything in its log read by that batch (an empty log counts), and
+    no timers (due timers live in Spark's state store, so a query with timers always runs)."""
     if plan.timers:
         return False
     checkpoint = plan.checkpoint(settings)
-    last, processed = processed_segments(checkpoint)
-    if last_planned_batch(checkpoint) != (-1 if last is None else last):
+    if last_planned_batch(checkpoint) != max(batch_ids(checkpoint / "commits"), default=-1):
         return False
-    # A query that committed nothing yet starts from the archive too (see landing_path).
-    return all(seg.name in processed for seg in list_segments(settings, plan.group, archived=last is None))
+    return open_log(settings).caught_up(plan)
 
 
 def home_has_work(settings: Settings) -> bool:
@@ -145,7 +122,7 @@ def _run_locked(spark, plan: QueryPlan, settings: Settings, addresses: dict, rep
     query = start_query(spark, plan, settings, writer, trigger)
     try:
         if plan.timers:
-            stop_after_no_data_batch(query, planned_before)
+            stop_after_no_data_batch(query, planned_before, open_log(settings))
         query.awaitTermination()
     except Exception as e:
         hint = explain_task_error(e)
@@ -155,7 +132,8 @@ def _run_locked(spark, plan: QueryPlan, settings: Settings, addresses: dict, rep
     finally:
         writer.close()
     report.seconds = time.time() - started
-    report.input_rows = sum(landing_rows(p) for p in query.recentProgress)
+    log = open_log(settings)
+    report.input_rows = sum(landing_rows(p, log) for p in query.recentProgress)
     if progress:
         progress(f"{plan.name}: {report.input_rows} messages in {report.batches} batches, {report.seconds:.1f} s")
     return report
@@ -212,26 +190,26 @@ def clock_ticks(spark):
                         F.lit(None).cast("binary").alias("payload"), F.lit(None).cast("string").alias("landing_error"))
 
 
-def _landing_sources(progress: dict) -> list[dict]:
-    return [s for s in progress.get("sources", ()) if str(s.get("description", "")).startswith("FileStreamSource")]
+def _landing_sources(progress: dict, log) -> list[dict]:
+    return [s for s in progress.get("sources", ()) if log.is_source(str(s.get("description", "")))]
 
 
-def landing_rows(progress: dict) -> int:
-    """Messages a batch read from the landing (clock ticks excluded)."""
-    return sum(int(s.get("numInputRows", 0)) for s in _landing_sources(progress))
+def landing_rows(progress: dict, log) -> int:
+    """Messages a batch read from the log (clock ticks excluded)."""
+    return sum(int(s.get("numInputRows", 0)) for s in _landing_sources(progress, log))
 
 
-def _executed_without_new_landing(progress: dict) -> bool:
+def _executed_without_new_landing(progress: dict, log) -> bool:
     # An idle trigger also reports progress; only an executed batch ("addBatch") has fired timers.
     return "addBatch" in progress.get("durationMs", {}) and all(
-        s.get("startOffset") == s.get("endOffset") for s in _landing_sources(progress))
+        s.get("startOffset") == s.get("endOffset") for s in _landing_sources(progress, log))
 
 
-def stop_after_no_data_batch(query, planned_before: int, poll_seconds: float = 0.05) -> None:
+def stop_after_no_data_batch(query, planned_before: int, log, poll_seconds: float = 0.05) -> None:
     """Wait until the query has executed a batch without new landing data that this run planned (so
     its clock is this run's and its due timers fired), then stop it."""
     while not query.awaitTermination(poll_seconds):
-        if any(p.get("batchId", -1) > planned_before and _executed_without_new_landing(p)
+        if any(p.get("batchId", -1) > planned_before and _executed_without_new_landing(p, log)
                for p in query.recentProgress):
             query.stop()
             return

@@ -1,19 +1,20 @@
-"""The gateway: one TCP port per stream, Wallaroo framing in, landing records out.
+"""The gateway: one TCP port per stream, Wallaroo framing in, log records out (the landing log or Kafka).
 
 It frames and persists, never decodes. Every whole frame becomes one landed message; input it cannot
 frame (an oversized length, a connection ending inside a frame) is landed too, as a quarantine record
 with `landing_error` set, so nothing that arrived is ever silently dropped. Bad input on one connection
 closes that connection only.
 
-Durability: after each chunk read from a socket the journal is pushed to the OS (`Lander.sync`), so a
-crash of this process loses nothing it has read; `Lander` recovery turns the journal into a segment
-on the next start. A client that half-closes its socket (`shutdown(SHUT_WR)`) and waits for the
-gateway to close its side gets one confirmation byte (`LANDED_ACK`) first, written only after its last
-bytes are landed and synced (that is what `send_files` waits for). A close without that byte (the
-gateway was stopped or killed) confirms nothing.
+Durability: after each chunk read from a socket the writer syncs (`LogWriter.sync`: the landing
+pushes its journal to the OS, so a crash of this process loses nothing it has read, and recovery turns
+the journal into a segment on the next start; Kafka's producer serves its delivery reports). A client
+that half-closes its socket (`shutdown(SHUT_WR)`) and waits for the gateway to close its side gets one
+confirmation byte (`LANDED_ACK`) first, written only once the log holds everything it sent: landed
+and synced, or acknowledged by Kafka (acks=all) for every message of the connection (that is what
+`send_files` waits for). A close without that byte (the gateway was stopped or killed, or Kafka did
+not acknowledge some message: then the gateway logs why) confirms nothing.
 
-One event loop, one thread: the `Lander` is single-writer and not thread-safe, so every call to it
-happens on the loop.
+One event loop, one thread: a LogWriter is not thread-safe, so every call to it happens on the loop.
 
 `serve_forever` records the ports it bound in `<home>/gateway.json` (with its pid), so `eventide send`
 finds a stream's port even when it was a free one; the file is removed on a clean stop.
@@ -34,12 +35,12 @@ from pathlib import Path
 
 from transforms.files import write_text_atomic
 from transforms.ingestion.framing import LANDED_ACK, FrameDecoder, FrameTooLarge, Framing, TruncatedFrame
-from transforms.ingestion.landing import Lander
+from transforms.ingestion.log import LogWriteError, LogWriter, open_log
 from transforms.settings import ConfigError, Settings
 
 log = logging.getLogger(__name__)
 
-ROTATE_INTERVAL_SECONDS = 0.02  # segments close by age or when quiet (landing.Lander.rotate_due)
+ROTATE_INTERVAL_SECONDS = 0.02  # the writer's tick: landing segments close by age or when quiet (Lander.rotate_due)
 STATE_FILE = "gateway.json"
 
 
@@ -79,10 +80,14 @@ class _Connection(asyncio.Protocol):
             frames = self.decoder.feed(data)
         except FrameTooLarge as e:
             frames, too_large = [], e
-        append, lander, stream, conn = gw.lander.append, gw.lander, self.stream, self.conn_id
-        for payload in frames:
-            append(stream, payload, conn)
-        gw.messages += len(frames)
+        append, writer, stream, conn = gw.writer.append, gw.writer, self.stream, self.conn_id
+        try:
+            for payload in frames:
+                append(stream, payload, conn)
+                gw.messages += 1
+        except LogWriteError as e:
+            self._refuse(str(e))
+            return
         if frames and too_large is None:
             # feed() hands back the whole frames before an oversized header and raises only on the
             # next call; ask now rather than waiting for more input that may never come.
@@ -95,15 +100,48 @@ class _Connection(asyncio.Protocol):
             self.finished = True
             gw._quarantine(self, pending, _too_large_reason(too_large, len(pending) - gw.framing.header_length))
             self.transport.close()
-        lander.sync()
+        writer.sync()
 
     def eof_received(self) -> bool:
         confirm = not self.finished
         self._finish("closed by the client")
-        self.gateway.lander.sync()
-        if confirm and self.transport is not None:
-            self.transport.write(LANDED_ACK)  # all it sent is landed (a dying process cannot say so)
+        gw = self.gateway
+        gw.writer.sync()
+        if not confirm or self.transport is None:
+            return False
+        if gw.writer.unconfirmed(self.conn_id) or gw.writer.failure(self.conn_id):
+            gw._confirming.add(self)  # the writer's tick confirms it, or closes it unconfirmed
+            return True  # keep our side open until then
+        self.transport.write(LANDED_ACK)  # all it sent is in the log (a dying process cannot say so)
+        gw.writer.forget(self.conn_id)
         return False  # then close our side
+
+    def confirm_if_done(self) -> bool:
+        """On the writer's tick, for a half-closed connection waiting for its confirmation: write it and
+        close once the log has acknowledged everything; close without it if the log says it never will.
+        Returns whether the connection is done."""
+        writer = self.gateway.writer
+        failure = writer.failure(self.conn_id)
+        if failure:
+            self._refuse(failure)
+            return True
+        if writer.unconfirmed(self.conn_id):
+            return False
+        writer.forget(self.conn_id)
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(LANDED_ACK)
+            self.transport.close()
+        return True
+
+    def _refuse(self, why: str) -> None:
+        """Close the connection without confirming: the log did not take some of what it sent."""
+        self.finished = True
+        self.gateway.writer.forget(self.conn_id)
+        self.gateway.refused += 1
+        log.error("%s (%s): closed without confirmation, the log did not take everything it sent: %s",
+                  self.conn_id, self.stream, why)
+        if self.transport is not None:
+            self.transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         gw = self.gateway
@@ -114,7 +152,9 @@ class _Connection(asyncio.Protocol):
         else:
             how = "closed by the client"
         self._finish(how)
-        gw.lander.sync()
+        gw.writer.sync()
+        gw._confirming.discard(self)
+        gw.writer.forget(self.conn_id)
         gw._active.discard(self)
         if not gw._active:
             gw._idle.set()
@@ -143,14 +183,19 @@ class Gateway:
     """TCP server landing framed messages; one listening port per registered stream (`settings.port_of`).
 
     Counters: `messages` (whole frames landed), `quarantined` (pieces of bad input landed with an
-    error), `connections` (open now), `connections_accepted` (since start).
+    error), `connections` (open now), `connections_accepted` (since start), `refused` (connections
+    closed unconfirmed because the log did not take what they sent).
+
+    `writer`: the log writer to use (default: `open_log(settings).writer()`, opened at start).
     """
 
-    def __init__(self, settings: Settings, lander: Lander | None = None):
+    def __init__(self, settings: Settings, writer: LogWriter | None = None):
         self.settings = settings
         self.framing = framing_of(settings)
-        self.lander: Lander | None = lander
-        self._owns_lander = lander is None
+        self.writer: LogWriter | None = writer
+        self._owns_writer = writer is None
+        self._confirming: set[_Connection] = set()  # half-closed, waiting for the log's acknowledgement
+        self.refused = 0
         self._servers: dict[str, asyncio.AbstractServer] = {}
         self._ports: dict[str, int] = {}
         self._active: set[_Connection] = set()
@@ -188,9 +233,9 @@ class Gateway:
         return list(registry.streams)
 
     async def start(self) -> None:
-        """Open the landing (LandingBusy if another process holds it) and listen on every port."""
-        if self.lander is None:
-            self.lander = Lander(self.settings)
+        """Open the log (the landing: LandingBusy if another process holds it) and listen on every port."""
+        if self.writer is None:
+            self.writer = open_log(self.settings).writer()
         loop = asyncio.get_running_loop()
         host = self.settings.bind_host
         try:
@@ -209,29 +254,33 @@ class Gateway:
             for server in self._servers.values():
                 server.close()
             self._servers.clear()
-            if self._owns_lander:
-                self.lander.close()
-                self.lander = None
+            if self._owns_writer:
+                self.writer.close()
+                self.writer = None
             raise
         self._ports = {stream: server.sockets[0].getsockname()[1] for stream, server in self._servers.items()}
         self._rotator = loop.create_task(self._rotate_periodically())
 
     async def _rotate_periodically(self) -> None:
-        # Lander rotates by size on append; closing by age needs a clock, which is this task.
+        # The landing rotates by size on append; closing by age needs a clock, which is this task. Kafka's
+        # delivery reports are served here too, and the connections waiting for them confirmed.
         while True:
             await asyncio.sleep(ROTATE_INTERVAL_SECONDS)
             try:
-                self.lander.rotate_due()
+                self.writer.tick()
             except Exception:
-                log.exception("closing a landing segment failed; will retry")
+                log.exception("the log's periodic work failed (closing a landing segment?); will retry")
+            for conn in list(self._confirming):
+                if conn.confirm_if_done():
+                    self._confirming.discard(conn)
 
     def flush(self) -> None:
-        """Close open segments now, making everything landed so far visible. Call on the loop."""
-        self.lander.flush()
+        """Make everything landed so far visible (close open segments). Call on the loop."""
+        self.writer.flush()
 
     async def stop(self) -> None:
         """Stop listening, close client connections (landing any partial frame), close all segments."""
-        if self.lander is None:
+        if self.writer is None:
             return
         self._stopping = True
         for server in self._servers.values():
@@ -252,14 +301,18 @@ class Gateway:
                 await self._rotator
             except asyncio.CancelledError:
                 pass
-        if self._owns_lander:
-            self.lander.close()
-            self.lander = None
+        if self._owns_writer:
+            self.writer.close()
+            self.writer = None
         else:
-            self.lander.flush()
+            self.writer.flush()
 
     def _quarantine(self, conn: _Connection, data: bytes, error: str) -> None:
-        self.lander.append(conn.stream, data, conn.conn_id, error=error)
+        try:
+            self.writer.append(conn.stream, data, conn.conn_id, error=error)
+        except LogWriteError as e:
+            log.error("%s (%s): could not write its bad input to the log (%s): %s", conn.conn_id, conn.stream, e, error)
+            return
         self.quarantined += 1
         log.warning("%s (%s): %s", conn.conn_id, conn.stream, error)
 
@@ -270,9 +323,9 @@ class GatewayThread:
     `with GatewayThread(settings) as gw:` starts it and stops it (flushing segments) on exit.
     """
 
-    def __init__(self, settings: Settings, lander: Lander | None = None):
+    def __init__(self, settings: Settings, writer: LogWriter | None = None):
         self.settings = settings
-        self.gateway = Gateway(settings, lander)
+        self.gateway = Gateway(settings, writer)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
@@ -441,7 +494,7 @@ async def _serve(settings: Settings, progress: Callable[[str], None], progress_i
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     host = settings.bind_host
-    progress(f"eventide gateway landing in {settings.landing}")
+    progress(f"eventide gateway writing to {open_log(settings).describe()}")
     for stream, port in gateway.bound_ports.items():
         progress(f"listening for {stream} on {host}:{port}")
     progress(f"ports recorded in {record} (`eventide send STREAM FILE` finds them)")

@@ -27,7 +27,10 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from transforms.ingestion.log import LANDING_DDL, Log, LogStatus, LogWriter, Progress
 from transforms.settings import Settings
+
+__all__ = ["LANDING_DDL", "LANDING_SCHEMA", "Lander", "LandingBusy", "LandingLog"]
 
 LANDING_SCHEMA = pa.schema(
     [
@@ -39,9 +42,6 @@ LANDING_SCHEMA = pa.schema(
         # Set when the gateway itself could not frame the input (oversized or partial frame).
         ("landing_error", pa.string()),
     ]
-)
-LANDING_DDL = (
-    "stream string, seq long, receive_time timestamp, connection string, payload binary, landing_error string"
 )
 
 _REC_HEAD = struct.Struct(">II")  # body length, crc32(body)
@@ -147,7 +147,7 @@ class _OpenSegment:
     size: int = 0
 
 
-class Lander:
+class Lander(LogWriter):
     """Single writer of the landing area (an exclusive lock enforces it across processes)."""
 
     def __init__(self, settings: Settings, clock=time.time):
@@ -236,6 +236,9 @@ class Lander:
         """Push buffered journal bytes to the OS, so a crash of this process loses nothing."""
         for seg in self._open.values():
             seg.file.flush()
+
+    def tick(self) -> None:
+        self.rotate_due()
 
     def rotate_due(self) -> int:
         """Close segments older than segment_max_seconds, or quiet for segment_quiet_seconds when no
@@ -354,3 +357,184 @@ def payloads_for(settings: Settings, group: str, seqs: list[int]) -> dict[int, b
         if not wanted:
             break
     return found
+
+
+# -- the landing as the log (log.py) ---------------------------------------------------------------------
+class LandingLog(Log):
+    """The embedded landing folder as the log every query reads (its checkpoint: Spark's file source)."""
+
+    kind = "landing"
+
+    def describe(self) -> str:
+        return f"the landing folder {self.settings.landing}"
+
+    def writer(self) -> Lander:
+        return Lander(self.settings)
+
+    def source(self, spark, plan):
+        settings = self.settings
+        (settings.landing / plan.group).mkdir(parents=True, exist_ok=True)
+        reader = spark.readStream.schema(LANDING_DDL)
+        if settings.max_files_per_trigger:
+            reader = reader.option("maxFilesPerTrigger", settings.max_files_per_trigger)
+        elif settings.max_bytes_per_trigger:
+            reader = reader.option("maxBytesPerTrigger", settings.max_bytes_per_trigger)
+        return reader.option("basePath", str(settings.home.absolute())).parquet(landing_path(plan, settings))
+
+    def is_source(self, description: str) -> bool:
+        return description.startswith("FileStreamSource")
+
+    def caught_up(self, plan) -> bool:
+        from transforms.engine.checkpoints import processed_segments
+
+        last, processed = processed_segments(plan.checkpoint(self.settings))
+        # A query that committed nothing yet starts from the archive too (see landing_path).
+        return all(seg.name in processed
+                   for seg in list_segments(self.settings, plan.group, archived=last is None))
+
+    def position(self, group: str) -> set[str]:
+        return {s.name for s in list_segments(self.settings, group, archived=False)}
+
+    def reached(self, plan, position: set[str]) -> bool:
+        from transforms.engine.checkpoints import processed_segments
+
+        return position <= processed_segments(plan.checkpoint(self.settings))[1]
+
+    def upkeep(self, plans: list) -> int:
+        from transforms.engine.archive import archive_committed
+
+        return sum(archive_committed(self.settings, plans).values())
+
+    def read(self, group: str) -> pa.Table:
+        return read_landed(self.settings, group)
+
+    def payloads_for(self, group: str, seqs: list[int]) -> dict[int, bytes]:
+        return payloads_for(self.settings, group, seqs)
+
+    def status(self, plans: list, now: float) -> tuple[list[LogStatus], dict[str, Progress]]:
+        logs = {name: _LogFiles(self.settings, name, streams)
+                for name, streams in sorted(self.settings.registry.logs.items())}
+        return [g.status() for g in logs.values()], {p.name: _progress(self.settings, p, logs[p.group]) for p in plans}
+
+    def format_logs(self, logs: list[LogStatus]) -> list[str]:
+        from transforms.ingestion.log import grid
+
+        return grid(["LOG", "SEGMENTS", "MESSAGES", "LAST SEQ", "OPEN"],
+                    [[g.log, g.segments, g.messages, g.last_seq, g.open] for g in logs]) + [
+            "", "OPEN: landed, not yet in a closed segment (not visible to queries). "
+                "PROCESSED TO: the last sequence a query committed (-: nothing yet)."]
+
+
+def landing_path(plan, settings: Settings) -> str:
+    """What the query's file source reads, as a Hadoop glob under the home: the live folder of its
+    log, and also the archive (engine/archive.py) while the query has committed nothing (it starts from
+    the beginning). Always a glob, with the home as base path: Spark sets a plain path as its own base
+    path, and a query that read the archive in its first run re-reads that batch's files after a
+    restart (to set its source up) with whatever path it has then."""
+    from transforms.engine.checkpoints import has_commits
+
+    live = settings.landing.name
+    folders = live
+    if not has_commits(plan.checkpoint(settings)) and (settings.landing_archive / plan.group).is_dir():
+        folders = f"{live},{settings.landing_archive.name}"
+    return f"{settings.home.absolute()}/{{{folders}}}/{plan.group}"
+
+
+# -- status (no Spark) -----------------------------------------------------------------------------------
+@dataclass
+class _Segment:
+    path: Path
+    first: int
+    last: int
+    rows: int
+
+
+def _read(read, archive: Path, path: Path, **kwargs):
+    """`read(path)`, or of the same segment in the archive if a running serve just moved it there."""
+    try:
+        return read(path, **kwargs)
+    except FileNotFoundError:
+        return read(archive / path.name, **kwargs)
+
+
+class _LogFiles:
+    """One landing log read once: its segments (row counts from the Parquet footers) and open records.
+    Journals are read before the segments are listed, so a journal closed in between is counted once
+    (its records then also in a segment: dropped from the open ones by sequence)."""
+
+    def __init__(self, settings: Settings, log: str, streams: list[str]):
+        self.name, self.streams = log, streams
+        self.archive = settings.landing_archive / log
+        folder = settings.landing / log
+        records = []
+        for journal in sorted(folder.glob(".journal-*")) if folder.is_dir() else ():
+            try:
+                records.extend(_read_journal(journal)[0])
+            except FileNotFoundError:
+                continue  # closed meanwhile: its records are in a segment now
+        self.segments = []
+        for path in list_segments(settings, log):
+            first, last = parse_segment_name(path.name)
+            self.segments.append(_Segment(path, first, last, _read(pq.read_metadata, self.archive, path).num_rows))
+        closed = max((s.last for s in self.segments), default=0)
+        # (stream, seq, receive time in us) of the records landed but not in a closed segment yet
+        self.open = sorted(((r[0], r[1], r[2]) for r in records if r[1] > closed), key=lambda r: r[1])
+        self._counts: dict[Path, dict[str, int]] = {}
+
+    def status(self) -> LogStatus:
+        return LogStatus(
+            log=self.name, streams=list(self.streams), segments=len(self.segments),
+            messages=sum(s.rows for s in self.segments),
+            last_seq=max((s.last for s in self.segments), default=None),
+            open=len(self.open), open_last_seq=self.open[-1][1] if self.open else None,
+        )
+
+    def rows_of(self, seg: _Segment, streams: list[str]) -> int:
+        """Messages of `streams` in a segment: its footer's row count when the log holds only those
+        streams, else a count over its `stream` column."""
+        import pyarrow.compute as pc
+
+        if set(self.streams) <= set(streams):
+            return seg.rows
+        if seg.path not in self._counts:
+            column = _read(pq.read_table, self.archive, seg.path, columns=["stream"]).column("stream")
+            self._counts[seg.path] = {v["values"]: v["counts"] for v in pc.value_counts(column).to_pylist()}
+        return sum(self._counts[seg.path].get(s, 0) for s in streams)
+
+    def oldest_receive_us(self, seg: _Segment, streams: list[str]) -> int | None:
+        """The earliest receive time (us since the epoch) of `streams` in a segment (two columns read)."""
+        import pyarrow.compute as pc
+
+        filtered = not set(self.streams) <= set(streams)
+        table = _read(pq.read_table, self.archive, seg.path,
+                      columns=["stream", "receive_time"] if filtered else ["receive_time"])
+        times = table.column("receive_time")
+        if filtered:
+            times = times.filter(pc.is_in(table.column("stream"), value_set=pa.array(streams, pa.string())))
+        oldest = pc.min(times.cast(pa.timestamp("us", tz="UTC")))
+        return oldest.value if oldest.is_valid else None  # microseconds since the epoch
+
+
+def _progress(settings: Settings, plan, log: _LogFiles) -> Progress:
+    """Processed segments are those the query's file source listed up to the offset of its last
+    committed batch (engine/checkpoints.py); the rest of the log's segments, plus the open journals,
+    are the lag."""
+    from transforms.engine.checkpoints import processed_segments
+
+    committed, names = processed_segments(plan.checkpoint(settings))
+    streams = list(plan.streams)
+    done = [parse_segment_name(n) for n in names]
+    pending = [s for s in log.segments if s.path.name not in names]
+    lag = sum(log.rows_of(s, streams) for s in pending)
+    open_records = [r for r in log.open if r[0] in streams]
+    oldest = None
+    for seg in pending:
+        if log.rows_of(seg, streams):
+            oldest = log.oldest_receive_us(seg, streams)
+            if oldest is not None:
+                break
+    if oldest is None and open_records:
+        oldest = min(r[2] for r in open_records)
+    return Progress(last_committed_batch=committed, processed_segments=len(names),
+                    processed_last_seq=max((d[1] for d in done), default=None),
+                    lag_messages=lag + len(open_records), oldest_unprocessed_us=oldest)

@@ -1,5 +1,6 @@
-"""Getting files into the landing area: over TCP to a running gateway (`send_files`, like Wallaroo's
-sender) or directly, without a network (`ingest_files`). Both produce the same messages.
+"""Getting files into the log: over TCP to a running gateway (`send_files`, like Wallaroo's sender) or
+directly, without a network (`ingest_files`, through the configured log's writer: the landing folder or
+Kafka). Both produce the same messages.
 
 Messages of a file follow `transforms.ingestion.framing.iter_file_messages`: a text file gives one message per
 line with its trailing newline; a framed file is split into its frames (over TCP: sent byte for byte).
@@ -26,7 +27,7 @@ from transforms.ingestion.framing import (
     is_framed_file,
     iter_file_messages,
 )
-from transforms.ingestion.landing import Lander
+from transforms.ingestion.log import LogWriter, open_log
 from transforms.settings import Settings
 
 _SEND_BATCH_BYTES = 1 << 20  # frame lines into ~1 MiB writes: few syscalls, bounded memory
@@ -189,33 +190,35 @@ def ingest_files(
     stream: str,
     files: Iterable[str | os.PathLike],
     end_of_day: bool = False,
-    lander: Lander | None = None,
+    writer: LogWriter | None = None,
     framed: bool | None = None,
 ) -> int:
-    """Land the files' messages through a Lander, without a network; returns how many were landed.
+    """Write the files' messages to the log (`writer`, default: the configured log's), without a network;
+    returns how many were written.
 
-    Segments are closed before returning, so the messages are visible to the pipelines. Raises
-    LandingBusy if a running gateway holds the landing area (send through it instead).
+    Everything is flushed before returning: landing segments closed, or every message acknowledged by
+    Kafka (else LogWriteError), so the messages are visible to the pipelines. Raises LandingBusy if a
+    running gateway holds the landing area (send through it instead).
     """
     settings.group_of(stream)  # an unknown stream fails before anything is read
     framing = Framing(settings.header_length, settings.length_fmt, settings.max_frame_bytes)
     plan = _check_files(files, framing, framed)
     marker = settings.marker.encode()
-    own_lander = lander is None
-    if own_lander:
-        lander = Lander(settings)
+    own_writer = writer is None
+    if own_writer:
+        writer = open_log(settings).writer()
     landed = 0
     try:
         for path, _count in plan:
             connection = f"file:{path.name}"
             for payload in _file_messages(path, framing, is_framed_file(path, framed)):
-                lander.append(stream, payload, connection)
+                writer.append(stream, payload, connection)
                 landed += 1
             if end_of_day:
-                lander.append(stream, marker, connection)
+                writer.append(stream, marker, connection)
                 landed += 1
-        lander.flush()
+        writer.flush()
     finally:
-        if own_lander:
-            lander.close()
+        if own_writer:
+            writer.close()
     return landed

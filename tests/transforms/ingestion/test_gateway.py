@@ -282,7 +282,7 @@ def test_ingest_lands_what_sending_lands(tmp_path):
 def test_ingest_uses_a_given_lander_and_continues_its_sequence(settings):
     with Lander(settings) as lander:
         lander.append("logs", b"before")
-        assert ingest_files(settings, "logs", [DAY_1], lander=lander) == 196
+        assert ingest_files(settings, "logs", [DAY_1], writer=lander) == 196
         assert len(landed(settings, "logs")) == 197  # flushed by ingest_files
         lander.append("logs", b"after")
     assert [r["seq"] for r in landed(settings, "logs")] == list(range(1, 199))

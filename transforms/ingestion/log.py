@@ -1,0 +1,223 @@
+"""The log every query reads: one interface, two implementations, chosen by `EVENTIDE_LOG`.
+
+- unset or `landing`: the embedded landing log (landing.py): one folder of immutable Parquet segments
+  per sequence group under `<home>/landing`, sequence numbers stamped by the writer.
+- `kafka://HOST:PORT[,HOST:PORT...][/PREFIX]`: Apache Kafka (kafka_log.py): one topic of one partition
+  per sequence group (named after it, PREFIX first); a message's offset is its place in the group's
+  one order.
+
+Everything outside this package asks `open_log(settings)` and never looks at which one it got:
+
+- writing (the gateway, `eventide ingest`, quarantine replay): `Log.writer()` -> `LogWriter`;
+- reading (every query's source): `Log.source(spark, plan)`, a streaming DataFrame in the landing
+  columns (LANDING_DDL: stream, seq, receive_time, connection, payload, landing_error);
+- deciding without Spark whether a query has work (`Log.caught_up`), and how far it has got
+  (`Log.status`, for `eventide status`);
+- the log's own upkeep under `serve` (`Log.upkeep`: the landing archives what every query committed).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+from transforms.settings import ConfigError, Settings
+
+LANDING_DDL = (
+    "stream string, seq long, receive_time timestamp, connection string, payload binary, landing_error string"
+)
+
+
+class LogWriteError(ConnectionError):
+    """The log did not take what was written (Kafka did not acknowledge it); the message says what to do."""
+
+
+class LogUnavailable(ConfigError):
+    """The configured log cannot be reached at start; the message names the address and what to run."""
+
+
+@dataclass
+class LogStatus:
+    """One log (a sequence group) as `eventide status` shows it. Landing: closed segments, their
+    messages and last sequence, and the messages still in open journals. Kafka: the topic, its end
+    offset (the next offset to be written) and the messages it holds; `error` when it cannot be read."""
+
+    log: str
+    streams: list[str]
+    kind: str = "landing"
+    segments: int = 0
+    messages: int = 0
+    last_seq: int | None = None
+    open: int = 0
+    open_last_seq: int | None = None
+    topic: str | None = None
+    end_offset: int | None = None
+    error: str | None = None
+
+
+@dataclass
+class Progress:
+    """How far one query has got in its log, read from its checkpoint without Spark."""
+
+    last_committed_batch: int | None = None
+    processed_segments: int = 0
+    processed_last_seq: int | None = None
+    lag_messages: int = 0
+    oldest_unprocessed_us: int | None = None  # receive time of the oldest message not processed
+    processed_offset: int | None = None  # Kafka: the next offset the query reads (None: landing)
+
+
+class LogWriter(ABC):
+    """Appends messages to the log. One per process and thread: not thread-safe.
+
+    The gateway calls `sync` after each chunk it reads and `tick` every few milliseconds; it confirms a
+    connection (0x06) once `unconfirmed(connection)` is 0 and `failure(connection)` is None, and closes
+    it unconfirmed when `failure` says why."""
+
+    messages_landed: int = 0
+
+    @abstractmethod
+    def append(self, stream: str, payload: bytes, connection: str = "", error: str | None = None) -> None:
+        """Write one message (or, with `error`, one quarantined piece of input the gateway could not frame)."""
+
+    @abstractmethod
+    def sync(self) -> None:
+        """Cheap, after each chunk: push what was appended towards durability (landing: to the OS)."""
+
+    @abstractmethod
+    def tick(self) -> None:
+        """Periodic work (landing: close due segments; Kafka: serve delivery reports)."""
+
+    def unconfirmed(self, connection: str) -> int:
+        """Messages of `connection` the log has not yet acknowledged (0: all of them are durable)."""
+        return 0
+
+    def failure(self, connection: str) -> str | None:
+        """Why some message of `connection` will never be acknowledged, or None."""
+        return None
+
+    def forget(self, connection: str) -> None:
+        """The connection is done: drop what is kept about it."""
+        return None
+
+    @abstractmethod
+    def flush(self) -> None:
+        """Make everything appended so far durable and visible to the queries; LogWriteError if it is not."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Flush and release the log."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class Log(ABC):
+    kind: str
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+
+    @abstractmethod
+    def describe(self) -> str:
+        """Where messages go, for the user ("the landing folder /x/landing", "Kafka at 127.0.0.1:9092")."""
+
+    def check(self) -> None:
+        """Raise LogUnavailable (naming the address and what to run) if the log cannot be used now."""
+        return None
+
+    @abstractmethod
+    def writer(self) -> LogWriter:
+        """A writer of every group's log (the landing's raises LandingBusy while another process holds it)."""
+
+    @abstractmethod
+    def source(self, spark, plan):
+        """The streaming DataFrame of the plan's group, in LANDING_DDL's columns (every stream of the group)."""
+
+    @abstractmethod
+    def is_source(self, description: str) -> bool:
+        """Whether a source of a query's progress report (its `description`) is this log."""
+
+    @abstractmethod
+    def caught_up(self, plan) -> bool:
+        """Whether the plan's last committed batch read everything in its log (no Spark)."""
+
+    @abstractmethod
+    def position(self, group: str):
+        """An opaque mark of how far the group's log has been written now, for `reached`."""
+
+    @abstractmethod
+    def reached(self, plan, position) -> bool:
+        """Whether the plan's committed batches have read everything up to `position`."""
+
+    @abstractmethod
+    def status(self, plans: list, now: float) -> tuple[list[LogStatus], dict[str, Progress]]:
+        """Every registered log's status, and each plan's progress (by plan name)."""
+
+    @abstractmethod
+    def format_logs(self, logs: list[LogStatus]) -> list[str]:
+        """The logs as lines of a table, for `eventide status`."""
+
+    @abstractmethod
+    def read(self, group: str):
+        """Every message of the group's log so far, in order, as an Arrow table of LANDING_DDL's columns."""
+
+    @abstractmethod
+    def payloads_for(self, group: str, seqs: list[int]) -> dict[int, bytes]:
+        """The payloads of these sequence numbers of the group's log."""
+
+    def upkeep(self, plans: list) -> int:
+        """The log's own upkeep under `serve` (what every query committed); returns how much it did."""
+        return 0
+
+
+KAFKA_SCHEME = "kafka://"
+
+
+def log_kind(value: str) -> str:
+    """`landing` or `kafka`, from EVENTIDE_LOG; ConfigError for anything else."""
+    if value in ("", "landing"):
+        return "landing"
+    if value.startswith(KAFKA_SCHEME):
+        kafka_servers(value)
+        return "kafka"
+    raise ConfigError(f"EVENTIDE_LOG={value!r}: expected `landing` (the default) or kafka://HOST:PORT")
+
+
+def kafka_servers(value: str) -> str:
+    """`HOST:PORT[,HOST:PORT...]` of a `kafka://` EVENTIDE_LOG."""
+    servers = value[len(KAFKA_SCHEME):].partition("/")[0]
+    parts = [s.strip() for s in servers.split(",")]
+    for part in parts:
+        host, sep, port = part.rpartition(":")
+        if not (sep and host and port.isdigit() and 0 < int(port) < 65536):
+            raise ConfigError(f"EVENTIDE_LOG={value!r}: expected kafka://HOST:PORT, e.g. kafka://127.0.0.1:9092")
+    return ",".join(parts)
+
+
+def kafka_prefix(value: str) -> str:
+    """What a `kafka://HOST:PORT/PREFIX` EVENTIDE_LOG puts before every topic name ('' without one): for
+    several homes on one Kafka cluster."""
+    return value[len(KAFKA_SCHEME):].partition("/")[2]
+
+
+def open_log(settings: Settings) -> Log:
+    """The log `settings.log` names."""
+    if log_kind(settings.log) == "kafka":
+        from transforms.ingestion.kafka_log import KafkaLog
+
+        return KafkaLog(settings)
+    from transforms.ingestion.landing import LandingLog
+
+    return LandingLog(settings)
+
+
+def grid(headers: list[str], rows: list[list], left: tuple[int, ...] = (0,)) -> list[str]:
+    """Columns padded to their widest cell; the columns at `left` left-aligned, the rest (numbers) right."""
+    cells = [headers] + [["-" if v is None else str(v) for v in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    return ["  ".join(c.ljust(w) if i in left else c.rjust(w)
+                      for i, (c, w) in enumerate(zip(r, widths))).rstrip() for r in cells]
