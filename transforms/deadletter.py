@@ -5,9 +5,9 @@ The dead-letter view is those rows minus the replayed ones: a row whose (stream,
 `quarantine_replays` was sent through again, and if it failed again it is back under its new seq with
 its new reason.
 
-Replay re-lands each selected payload in the landing log as a new message (a new seq; connection
+Replay re-lands each selected payload in the log (the landing folder or Kafka) as a new message (a new seq; connection
 `replay:<original seq>`), so the current decoders and every pipeline see it as they see any message,
-exactly once. The landing log itself is the record of what was replayed: before landing, replay reads
+exactly once. The log itself is the record of what was replayed: before landing, replay reads
 the `replay:` connections already landed and skips those messages, so a rerun, or a rerun after a crash
 between landing and recording, never lands a message twice; then it records every landed replay in
 `quarantine_replays` (insert-only, keyed by (stream, original_seq)). The pipelines then run as usual.
@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 
 from transforms import lake
 from transforms.engine.sinks import QUARANTINE_TABLE
-from transforms.ingestion.landing import Lander, list_segments, read_segment
+from transforms.ingestion.log import open_log
 from transforms.settings import Settings
 
 REPLAYS_TABLE = "quarantine_replays"
@@ -114,10 +114,11 @@ class ReplayResult:
 
 
 def landed_replays(settings: Settings) -> pa.Table:
-    """Every replay in the landing log: (stream, original_seq, new_seq, replayed_at)."""
+    """Every replay in the log: (stream, original_seq, new_seq, replayed_at)."""
     parts = []
-    for seg in list_segments(settings):
-        t = read_segment(settings, seg, columns=["stream", "seq", "receive_time", "connection"])
+    log = open_log(settings)
+    for group in sorted(settings.registry.logs):
+        t = log.read(group, columns=["stream", "seq", "receive_time", "connection"])
         t = t.filter(pc.starts_with(t.column("connection"), REPLAY_CONNECTION))
         if t.num_rows:
             original = pc.cast(pc.utf8_slice_codeunits(t.column("connection"), len(REPLAY_CONNECTION)), pa.int64())
@@ -154,15 +155,22 @@ def replay(settings: Settings, stream: str | None = None, reason: str | None = N
         else:
             result.skipped[why] = result.skipped.get(why, 0) + 1
     if wanted:
-        # Opening the lander first: it turns a crashed run's journal into a segment, which the scan then sees.
-        with Lander(settings) as lander:
+        # Opening the writer first: the landing's turns a crashed run's journal into a segment, which the
+        # scan then sees. Closing it flushes (segments closed, or every message acknowledged by Kafka).
+        keys = []
+        with open_log(settings).writer() as writer:
             done = set(zip(*(landed_replays(settings).column(c).to_pylist() for c in ("stream", "original_seq"))))
             for r in wanted:
                 if (r["stream"], r["seq"]) in done:
                     result.already_landed += 1
                     continue
                 done.add((r["stream"], r["seq"]))
-                result.landed[(r["stream"], r["seq"])] = lander.append(
-                    r["stream"], r["payload"], f"{REPLAY_CONNECTION}{r['seq']}")
+                writer.append(r["stream"], r["payload"], f"{REPLAY_CONNECTION}{r['seq']}")
+                keys.append((r["stream"], r["seq"]))
+        if keys:  # their new sequence numbers, as the log gave them
+            replays = landed_replays(settings)
+            new = dict(zip(zip(replays.column("stream").to_pylist(), replays.column("original_seq").to_pylist()),
+                           replays.column("new_seq").to_pylist()))
+            result.landed = {k: new[k] for k in keys if k in new}
     result.recorded = _record(settings)
     return result

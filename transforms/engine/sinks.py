@@ -516,12 +516,13 @@ def _first_per_key(table: pa.Table) -> pa.Table:
 
 def _with_landed_payloads(q: pa.Table, settings: Settings, group: str) -> pa.Table:
     """Messages quarantined after the pre stage travel without their payload (it is not shuffled):
-    take it from the landing log, so every quarantine row holds the exact bytes that failed."""
-    from transforms.ingestion.landing import payloads_for
+    take it from the log, so every quarantine row holds the exact bytes that failed."""
+    from transforms.ingestion.log import open_log
 
     payloads = q.column("payload").to_pylist()
     seqs = q.column("seq").to_pylist()
-    landed = payloads_for(settings, group, [s for s, p in zip(seqs, payloads) if p is None])
+    missing = [s for s, p in zip(seqs, payloads) if p is None]
+    landed = open_log(settings).payloads_for(group, missing) if missing else {}
     filled = [p if p is not None else landed.get(s) for s, p in zip(seqs, payloads)]
     return q.set_column(q.schema.get_field_index("payload"), "payload", pa.array(filled, pa.binary()))
 

@@ -257,7 +257,7 @@ class KafkaLog(Log):
             finally:
                 consumer.unassign()
 
-    def read(self, group: str) -> pa.Table:
+    def read(self, group: str, columns: list[str] | None = None) -> pa.Table:
         from transforms.ingestion.landing import LANDING_SCHEMA
 
         topic = self.topic(group)
@@ -269,10 +269,12 @@ class KafkaLog(Log):
                          "connection": h.get("connection"), "payload": msg.value(),
                          "landing_error": h.get("landing_error")})
         if not rows:
-            return LANDING_SCHEMA.empty_table()
-        table = pa.Table.from_pylist(rows)
-        return table.set_column(2, "receive_time", table.column("receive_time").cast(pa.int64())
-                                .cast(pa.timestamp("us", tz="UTC"))).cast(LANDING_SCHEMA)
+            table = LANDING_SCHEMA.empty_table()
+        else:
+            table = pa.Table.from_pylist(rows)
+            table = table.set_column(2, "receive_time", table.column("receive_time").cast(pa.int64())
+                                     .cast(pa.timestamp("us", tz="UTC"))).cast(LANDING_SCHEMA)
+        return table if columns is None else table.select(columns)
 
     def payloads_for(self, group: str, seqs: list[int]) -> dict[int, bytes]:
         if not seqs:
@@ -327,8 +329,7 @@ class KafkaWriter(LogWriter):
         self.kafka, self.clock = kafka, clock
         self._topic_of: dict[str, str] = {}
         self._pending: dict[str, int] = {}  # connection -> messages not yet acknowledged
-        self._failed: dict[str, str] = {}  # connection -> why one of its messages failed
-        self._errors: list[str] = []  # delivery failures since the last flush
+        self._failed: dict[str, tuple[str, int]] = {}  # connection -> (why its first failure, failures)
         self._fatal: str | None = None
         self._last_error: tuple[str, float] = ("", 0.0)
         self.messages_landed = 0
@@ -354,7 +355,7 @@ class KafkaWriter(LogWriter):
         if err.fatal():
             self._fatal = text
         last, at = self._last_error
-        if text != last or time.monotonic() - at > 30:  # a broker down is reported every few seconds
+        if err.fatal() or time.monotonic() - at > 30:  # a broker down is reported every second or so
             self._last_error = (text, time.monotonic())
             log.warning("%s", text)
 
@@ -374,15 +375,15 @@ class KafkaWriter(LogWriter):
         self._pending[connection] = self._pending.get(connection, 0) + 1
 
         def delivered(err, msg, connection=connection) -> None:
-            if connection in self._pending:
-                self._pending[connection] -= 1
+            if connection not in self._pending:
+                return  # forgotten: the gateway closed it unconfirmed, or its client went away
+            self._pending[connection] -= 1
             if err is None:
                 self.acknowledged += 1
                 return
-            why = f"Kafka at {self.kafka.servers} did not acknowledge a message to {msg.topic()}: {err.str()}"
-            self._errors.append(why)
-            if connection in self._pending:
-                self._failed.setdefault(connection, why)
+            why, n = self._failed.get(connection) or (
+                f"Kafka at {self.kafka.servers} did not acknowledge a message to {msg.topic()}: {err.str()}", 0)
+            self._failed[connection] = (why, n + 1)
 
         stamp = int(self.clock() * 1000)
         while True:
@@ -406,19 +407,24 @@ class KafkaWriter(LogWriter):
         return self._pending.get(connection, 0)
 
     def failure(self, connection: str) -> str | None:
-        return self._failed.get(connection) or (self._fatal if self._pending.get(connection) else None)
+        if connection in self._failed:
+            return self._failed[connection][0]
+        return self._fatal if self._pending.get(connection) else None
 
     def forget(self, connection: str) -> None:
         self._pending.pop(connection, None)
         self._failed.pop(connection, None)
 
     def flush(self) -> None:
+        """Wait for every delivery report; LogWriteError if a message of a connection not yet forgotten
+        failed (the gateway forgets those it closed unconfirmed) or is still unanswered."""
         left = self.producer.flush(DELIVERY_TIMEOUT_SECONDS + 5)
-        errors, self._errors = self._errors, []
-        if left or errors:
-            first = errors[0] if errors else f"no answer within {DELIVERY_TIMEOUT_SECONDS + 5:g} s"
+        failed, self._failed = self._failed, {}
+        if left or failed:
+            count = left + sum(n for _, n in failed.values())
+            first = next(iter(failed.values()))[0] if failed else f"no answer within {DELIVERY_TIMEOUT_SECONDS + 5:g} s"
             raise LogWriteError(
-                f"{left + len(errors)} messages were not acknowledged by Kafka at {self.kafka.servers} ({first}); "
+                f"{count} messages were not acknowledged by Kafka at {self.kafka.servers} ({first}); "
                 "some of them may be in the log: check `eventide status` before writing them again")
 
     def close(self) -> None:

@@ -405,8 +405,13 @@ class LandingLog(Log):
 
         return sum(archive_committed(self.settings, plans).values())
 
-    def read(self, group: str) -> pa.Table:
-        return read_landed(self.settings, group)
+    def read(self, group: str, columns: list[str] | None = None) -> pa.Table:
+        if columns is None:
+            return read_landed(self.settings, group)
+        segs = list_segments(self.settings, group)
+        if not segs:
+            return LANDING_SCHEMA.empty_table().select(columns)
+        return pa.concat_tables(read_segment(self.settings, p, columns=columns) for p in segs)
 
     def payloads_for(self, group: str, seqs: list[int]) -> dict[int, bytes]:
         return payloads_for(self.settings, group, seqs)

@@ -162,8 +162,9 @@ class Log(ABC):
         """The logs as lines of a table, for `eventide status`."""
 
     @abstractmethod
-    def read(self, group: str):
-        """Every message of the group's log so far, in order, as an Arrow table of LANDING_DDL's columns."""
+    def read(self, group: str, columns: list[str] | None = None):
+        """Every message of the group's log so far, in order, as an Arrow table of LANDING_DDL's columns
+        (only `columns`, if given)."""
 
     @abstractmethod
     def payloads_for(self, group: str, seqs: list[int]) -> dict[int, bytes]:
