@@ -17,6 +17,7 @@ from orchestration.runner import run_all
 from orchestration.show import show_table
 from transforms import lake
 from transforms.ingestion.gateway import GatewayThread
+from transforms.ingestion.log import open_log
 from transforms.ingestion.sender import send_files
 from transforms.settings import Settings
 
@@ -52,7 +53,7 @@ def run_demo(settings: Settings) -> int:
         sent += send("market_data", [DATA / "market_spread" / "350-symbols_initial-nbbo-fixish.msg"])
         sent += send("orders", [orders])
         gw.wait_for_messages(sent, timeout=60)
-    _say(f"   landed {sent} messages in {settings.landing}")
+    _say(f"   landed {sent} messages in {open_log(settings).describe()}")
 
     _say("2. eventide run: every pipeline, then the daily summaries and their checks, through Dagster")
     summary = run_all(settings, progress=lambda line: _say(f"   {line}"))
