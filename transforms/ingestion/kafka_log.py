@@ -285,15 +285,16 @@ class KafkaLog(Log):
 
     # -- status ----------------------------------------------------------------------------------------
     def status(self, plans: list, now: float) -> tuple[list[LogStatus], dict[str, Progress]]:
-        logs, marks = [], {}
+        logs, marks, unreachable = [], {}, None
         for group, streams in sorted(self.settings.registry.logs.items()):
             topic = self.topic(group)
-            entry = LogStatus(log=group, streams=list(streams), kind=self.kind, topic=topic)
-            try:
-                low, high = marks[group] = self.watermarks(topic)
-                entry.messages, entry.end_offset, entry.last_seq = high - low, high, high or None
-            except LogUnavailable as e:
-                entry.error = str(e)
+            entry = LogStatus(log=group, streams=list(streams), kind=self.kind, topic=topic, error=unreachable)
+            if unreachable is None:  # a broker that did not answer is not asked again for each topic
+                try:
+                    low, high = marks[group] = self.watermarks(topic)
+                    entry.messages, entry.end_offset, entry.last_seq = high - low, high, high or None
+                except LogUnavailable as e:
+                    entry.error = unreachable = str(e)
             logs.append(entry)
         progress = {}
         for p in plans:

@@ -151,3 +151,6 @@ def test_a_broker_that_is_not_there_is_a_clear_error(settings, monkeypatch, caps
     assert time.monotonic() - started < 30  # a short timeout each, not a hang
     with pytest.raises(LogUnavailable):
         open_log(Settings(home=settings.home, log=f"kafka://127.0.0.1:{port}")).check()
+    assert main(["status"]) == 0  # status still answers, saying what it could not read
+    out = capsys.readouterr().out
+    assert f"no Kafka broker answers at 127.0.0.1:{port}" in out and "bronze_text" in out
