@@ -8,7 +8,7 @@ continuously (transforms/engine/live.py), watched by Dagster.
   at most one per table every `EVENTIDE_REPORT_INTERVAL` seconds (rows added, Delta version,
   throughput, latency percentiles from gateway receipt to commit).
 - Every 10 s, landing segments every query has committed move to the archive
-  (transforms/engine/archive.py), so the folder Spark lists each trigger stays small.
+  (transforms/ingestion/archive.py), so the folder Spark lists each trigger stays small.
 - Every EVENTIDE_UPKEEP_MINUTES (10), the lake's small files are compacted and old ones vacuumed
   (transforms/lake/upkeep.py), on a thread of its own next to the queries.
 - After tables change, the apps' sensors (with cursors kept here) and schedules are asked what is due
@@ -177,7 +177,7 @@ class Service:
         self.reporter: DagsterReporter | None = None
         self.follow_ups: FollowUps | None = None
         self.all_running = threading.Event()
-        self.archived = 0  # landing segments moved to the archive (engine/archive.py)
+        self.archived = 0  # landing segments moved to the archive (transforms/ingestion/archive.py)
         self.upkept = 0  # rounds of lake upkeep (compaction, vacuum) done
         self.error: BaseException | None = None
         self._stop = threading.Event()

@@ -401,7 +401,7 @@ class LandingLog(Log):
         return position <= processed_segments(plan.checkpoint(self.settings))[1]
 
     def upkeep(self, plans: list) -> int:
-        from transforms.engine.archive import archive_committed
+        from transforms.ingestion.archive import archive_committed
 
         return sum(archive_committed(self.settings, plans).values())
 
@@ -432,7 +432,7 @@ class LandingLog(Log):
 
 def landing_path(plan, settings: Settings) -> str:
     """What the query's file source reads, as a Hadoop glob under the home: the live folder of its
-    log, and also the archive (engine/archive.py) while the query has committed nothing (it starts from
+    log, and also the archive (archive.py) while the query has committed nothing (it starts from
     the beginning). Always a glob, with the home as base path: Spark sets a plain path as its own base
     path, and a query that read the archive in its first run re-reads that batch's files after a
     restart (to set its source up) with whatever path it has then."""

@@ -8,8 +8,8 @@ from tests.conftest import land
 from transforms import lake
 from transforms.api import Application, DeltaSink, source, state_computation
 from transforms.engine import plan_queries, run_application
-from transforms.engine.archive import archive_committed
 from transforms.engine.runner import last_planned_batch, nothing_new
+from transforms.ingestion.archive import archive_committed
 
 
 def _no_spark():

@@ -8,7 +8,7 @@ from tests.conftest import land
 from transforms import lake
 from transforms.api import Application, DeltaSink, source
 from transforms.engine import plan_queries, run_application
-from transforms.engine.archive import archive_committed
+from transforms.ingestion.archive import archive_committed
 from transforms.ingestion.landing import Lander, list_segments, read_landed
 from transforms.streams import bronze_application
 
