@@ -366,9 +366,26 @@ class KafkaWriter(LogWriter):
             topic = self._topic_of[stream] = self.kafka.topic(self.kafka.settings.group_of(stream))
         return topic
 
+    def _restart_if_fatal(self) -> None:
+        """After a fatal error (the idempotent producer cannot go on: e.g. fenced, or a sequence gap it
+        cannot close) its queued messages will never be acknowledged: their connections fail, and a new
+        producer takes the next messages."""
+        if not self._fatal:
+            return
+        why, self._fatal = self._fatal, None
+        for connection, n in self._pending.items():
+            if n:
+                self._failed.setdefault(connection, (f"the Kafka producer stopped: {why}", n))
+                self._pending[connection] = 0
+        old, self.producer = self.producer, self._new_producer()
+        try:
+            old.purge()  # its delivery reports, if ever served, find nothing pending
+        except Exception:  # noqa: BLE001 - the old producer is dropped either way
+            pass
+        log.warning("a new Kafka producer replaces one stopped by a fatal error: %s", why)
+
     def append(self, stream: str, payload: bytes, connection: str = "", error: str | None = None) -> None:
-        if self._fatal:
-            raise LogWriteError(f"the Kafka producer stopped: {self._fatal}")
+        self._restart_if_fatal()
         topic = self._topic(stream)
         headers = [("stream", stream.encode()), ("connection", connection.encode())]
         if error is not None:
@@ -403,6 +420,7 @@ class KafkaWriter(LogWriter):
 
     def tick(self) -> None:
         self.producer.poll(0)
+        self._restart_if_fatal()
 
     def unconfirmed(self, connection: str) -> int:
         return self._pending.get(connection, 0)
@@ -410,7 +428,7 @@ class KafkaWriter(LogWriter):
     def failure(self, connection: str) -> str | None:
         if connection in self._failed:
             return self._failed[connection][0]
-        return self._fatal if self._pending.get(connection) else None
+        return f"the Kafka producer stopped: {self._fatal}" if self._fatal and self._pending.get(connection) else None
 
     def forget(self, connection: str) -> None:
         self._pending.pop(connection, None)
