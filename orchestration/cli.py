@@ -74,6 +74,12 @@ def cmd_serve(args, settings) -> int:
     if service is not None and service.error is not None:
         print(f"eventide serve: the queries did not run: {service.error}", flush=True)
         return 1
+    if service is not None:
+        from orchestration.runner import pipelines_caught_up
+
+        if pipelines_caught_up(settings):
+            print("every query caught up: the pipelines sensor's cursor moves on (the UI's daemon starts no run "
+                  "for it)", flush=True)
     print(f"eventide serve stopped: {service.summary()}" if service else "eventide serve stopped", flush=True)
     return 0
 

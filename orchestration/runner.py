@@ -134,6 +134,24 @@ def save_cursors(instance: dg.DagsterInstance, defs: dg.Definitions, cursors: di
             instance.update_instigator_state(state.with_data(data._replace(cursor=cursors[sensor.name])))
 
 
+def pipelines_caught_up(settings: Settings) -> bool:
+    """After `eventide serve` stopped: if no query of the home has anything left to do, what the
+    pipelines' sensor would ask for is done, so its cursor moves on (the daemon under `eventide ui`
+    then launches no pipelines run for what serve processed). False, and nothing kept, otherwise."""
+    from orchestration.definitions import build_definitions
+    from orchestration.sensors import PIPELINES_JOB
+    from transforms.engine.runner import home_has_work
+
+    if home_has_work(settings):
+        return False
+    defs = build_definitions(settings.registry)
+    instance = dagster_instance(settings)
+    cursors = load_cursors(instance, defs)
+    due_runs(defs, instance, cursors=cursors, only_jobs=(PIPELINES_JOB,))
+    save_cursors(instance, defs, cursors)
+    return True
+
+
 def write_instance_config(dagster_home) -> None:
     """Write `<dagster_home>/dagster.yaml` with INSTANCE_CONFIG, keeping what else it holds."""
     import yaml

@@ -11,9 +11,13 @@ import signal
 import subprocess
 import urllib.request
 
+import dagster as dg
 import pytest
 
 from examples.market import MARKET_STATE_TABLE
+from orchestration.definitions import build_definitions
+from orchestration.runner import load_cursors
+from orchestration.status import compute_status
 from tests.orchestration.test_serve import (
     EVENTIDE,
     NBBO,
@@ -27,6 +31,7 @@ from tests.orchestration.test_serve import (
 )
 from tests.tcp import Receiver
 from tests.transforms.ingestion.test_gateway import Service
+from transforms.settings import Settings
 
 MATERIALIZATIONS = """{ assetOrError(assetKey: {path: ["%s"]}) { ... on Asset { assetMaterializations(limit: 10) {
     runId metadataEntries { label ... on IntMetadataEntry { intValue } ... on TextMetadataEntry { text } } } } } }"""
@@ -83,6 +88,8 @@ def test_serve_next_to_the_ui_shows_the_tables_live(tmp_path):
         ticks = _wait_for(lambda: [t for t in _sensor_ticks(ui_port) if "eventide serve (pid" in t[1]], 90)
         assert ticks, _sensor_ticks(ui_port)
         assert all(status == "SKIPPED" for status, _ in _sensor_ticks(ui_port)), _sensor_ticks(ui_port)
+        settings = Settings.from_env(env)
+        assert _wait_for(lambda: all(q.lag_messages == 0 for q in compute_status(settings).queries), 60)
     finally:
         code = service.stop(signal.SIGINT)  # Ctrl-C in serve's terminal: the same clean stop as SIGTERM
         os.killpg(ui.pid, signal.SIGKILL)
@@ -92,6 +99,11 @@ def test_serve_next_to_the_ui_shows_the_tables_live(tmp_path):
     out = "\n".join(service.output + _drain(service))
     assert "stopping the queries" in out and "eventide serve stopped" in out
     assert len(_rows(home, MARKET_STATE_TABLE)) == 350
+    # serve left every query caught up: the pipelines sensor's cursor is where the daemon will read it.
+    assert "the pipelines sensor's cursor moves on" in out
+    with dg.DagsterInstance.from_config(str(settings.dagster_home)) as instance:
+        cursor = load_cursors(instance, build_definitions(settings.registry)).get("new_segments_sensor")
+    assert cursor and set(json.loads(cursor)) == {"market_data+orders"}, cursor
 
 
 def _graphql_up(port: int) -> bool:
