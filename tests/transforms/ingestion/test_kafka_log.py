@@ -1,13 +1,12 @@
 """Kafka as the log (EVENTIDE_LOG=kafka://...): a real broker (`eventide kafka`), real Spark, no mocks.
 
-One broker for the module; each test writes its own topics (a prefix of its own in the address)."""
+One broker for the module (conftest.py); each test writes its own topics (a prefix of its own)."""
 
 from __future__ import annotations
 
 import dataclasses
 import threading
 import time
-import uuid
 
 import pyarrow.compute as pc
 import pytest
@@ -17,13 +16,14 @@ from orchestration.cli import main
 from orchestration.status import compute_status, format_status
 from tests.conftest import DATA
 from tests.tcp import Receiver
+from tests.transforms.ingestion.conftest import kafka_settings as _kafka
 from transforms import lake
 from transforms.engine import nothing_new, plan_queries, run_application
 from transforms.ingestion.gateway import GatewayThread
 from transforms.ingestion.kafka_log import KafkaLog, topic_name
 from transforms.ingestion.log import LogUnavailable, open_log
 from transforms.ingestion.sender import ingest_files, send_files
-from transforms.kafka_broker import free_port, start_broker
+from transforms.kafka_broker import free_port
 from transforms.settings import ConfigError, Settings
 from transforms.streams import bronze_application
 
@@ -31,19 +31,6 @@ pytestmark = [pytest.mark.spark, pytest.mark.timeout(300)]
 
 WORDS = DATA / "word_count" / "count_this.txt"
 N = len(WORDS.read_bytes().splitlines())  # its lines: one message each
-
-
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory):
-    with start_broker(tmp_path_factory.mktemp("kafka") / "broker") as b:
-        yield b
-
-
-def _kafka(settings: Settings, broker, monkeypatch) -> Settings:
-    """The test's settings with Kafka as the log, under a topic prefix of the test's own."""
-    value = f"kafka://{broker.bootstrap_servers}/t{uuid.uuid4().hex[:8]}."
-    monkeypatch.setenv("EVENTIDE_LOG", value)
-    return dataclasses.replace(settings, log=value)
 
 
 def _run_words(spark, settings: Settings) -> dict:
@@ -155,36 +142,3 @@ def test_a_broker_that_is_not_there_is_a_clear_error(settings, monkeypatch, caps
     out = capsys.readouterr().out
     assert f"no Kafka broker answers at 127.0.0.1:{port}" in out and "bronze_text" in out
 
-
-def test_quarantine_replay_lands_in_kafka_once(spark, broker, tmp_path, monkeypatch):
-    """Replay writes through the log too: the replayed payload lands in the topic once, even when the
-    record of the replay is lost and it runs again (the topic's `replay:` connections are the record)."""
-    import shutil
-    import textwrap
-
-    import pyarrow as pa
-
-    from tests.orchestration.test_deadletter import GAUGES, V1
-    from transforms.deadletter import REPLAYS_TABLE, dead_letters, replay
-    from transforms.engine.sinks import QUARANTINE_SCHEMA
-
-    (tmp_path / "dl_gauges.py").write_text(textwrap.dedent(GAUGES.format(check=V1)))
-    monkeypatch.syspath_prepend(str(tmp_path))
-    kafka = _kafka(Settings(home=tmp_path / "home", apps="dl_gauges:app"), broker, monkeypatch)
-    log = open_log(kafka)
-    with log.writer() as writer:
-        writer.append("dl_gauges", b"b,+7", "test")
-    row = {"query": "dl_gauges", "stream": "dl_gauges", "seq": 1, "receive_time": None, "connection": "test",
-           "step": "decoder decode_gauge", "reason": "gauge v1: expected digits, got '+7'", "payload": b"b,+7",
-           "batch_id": 0}
-    lake.append_once(spark.createDataFrame(pa.Table.from_pylist([row], schema=QUARANTINE_SCHEMA)),
-                     kafka.table_path("quarantine"), "t", 0)
-
-    first = replay(kafka)
-    assert (first.landed, first.recorded) == ({("dl_gauges", 1): 2}, 1)
-    shutil.rmtree(kafka.table_path(REPLAYS_TABLE))  # the record lost: a crash between landing and recording
-    second = replay(kafka)
-    assert (second.landed, second.already_landed, second.recorded) == ({}, 1, 1)
-    assert log.read("dl_gauges").column("connection").to_pylist() == ["test", "replay:1"]
-    assert log.payloads_for("dl_gauges", [2, 1]) == {1: b"b,+7", 2: b"b,+7"}
-    assert dead_letters(kafka).num_rows == 0
