@@ -1,4 +1,4 @@
-"""Sensors that need no JVM: they look at the landing folders and Delta logs only."""
+"""Sensors that need no JVM: they look at the log (transforms.ingestion.log) and Delta logs only."""
 
 
 import json
@@ -7,27 +7,24 @@ import dagster as dg
 
 from assets.resources import EventideSettings
 from transforms.ingestion.gateway import running_gateway
-from transforms.ingestion.landing import list_segments
+from transforms.ingestion.log import open_log
 
 PIPELINES_JOB = "pipelines_job"
 
 
 @dg.sensor(job_name=PIPELINES_JOB, minimum_interval_seconds=30, default_status=dg.DefaultSensorStatus.RUNNING)
 def new_segments_sensor(context: dg.SensorEvaluationContext, eventide: EventideSettings):
-    """Starts the pipelines when the landing log of any registered stream has closed segments newer
-    than the last run saw."""
+    """Starts the pipelines when the log of any registered stream has grown since the last run saw it
+    (the landing log: a newer closed segment; Kafka: a higher end offset)."""
     settings = eventide.get()
     live = running_gateway(settings)
     if live and live.get("queries"):
         return dg.SkipReason(f"eventide serve (pid {live['pid']}) runs the pipelines continuously")
     seen = json.loads(context.cursor) if context.cursor else {}
-    latest = {}
-    for log in sorted(settings.registry.logs):
-        segs = list_segments(settings, log)
-        if segs:
-            latest[log] = segs[-1].name
-    new = {g: n for g, n in latest.items() if n > seen.get(g, "")}
+    log = open_log(settings)
+    latest = {g: m for g in sorted(settings.registry.logs) if (m := log.mark(g)) is not None}
+    new = {g: m for g, m in latest.items() if m != seen.get(g)}
     if not new:
-        return dg.SkipReason("no new closed landing segments")
+        return dg.SkipReason(f"nothing new in {log.describe()}")
     context.update_cursor(json.dumps(latest))
     return dg.RunRequest(run_key=json.dumps(latest, sort_keys=True), tags={"eventide/new_segments": ",".join(sorted(new))})

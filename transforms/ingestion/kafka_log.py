@@ -237,6 +237,10 @@ class KafkaLog(Log):
     def position(self, group: str) -> int:
         return self.watermarks(self.topic(group))[1]
 
+    def mark(self, group: str) -> str | None:
+        end = self.position(group)
+        return str(end) if end else None
+
     def reached(self, plan, position: int) -> bool:
         return (committed_offset(plan.checkpoint(self.settings), self.topic(plan.group))[1] or 0) >= position
 

@@ -395,6 +395,9 @@ class LandingLog(Log):
     def position(self, group: str) -> set[str]:
         return {s.name for s in list_segments(self.settings, group, archived=False)}
 
+    def mark(self, group: str) -> str | None:
+        return max(self.position(group), default=None)
+
     def reached(self, plan, position: set[str]) -> bool:
         from transforms.engine.checkpoints import processed_segments
 

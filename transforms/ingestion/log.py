@@ -150,6 +150,11 @@ class Log(ABC):
         """An opaque mark of how far the group's log has been written now, for `reached`."""
 
     @abstractmethod
+    def mark(self, group: str) -> str | None:
+        """A short text that changes whenever the group's log has grown (None: nothing in it yet), for
+        a sensor's cursor: the landing's newest live segment, Kafka's end offset."""
+
+    @abstractmethod
     def reached(self, plan, position) -> bool:
         """Whether the plan's committed batches have read everything up to `position`."""
 

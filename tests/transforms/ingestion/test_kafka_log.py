@@ -5,6 +5,7 @@ One broker for the module (conftest.py); each test writes its own topics (a pref
 from __future__ import annotations
 
 import dataclasses
+import json
 import threading
 import time
 
@@ -142,3 +143,29 @@ def test_a_broker_that_is_not_there_is_a_clear_error(settings, monkeypatch, caps
     out = capsys.readouterr().out
     assert f"no Kafka broker answers at 127.0.0.1:{port}" in out and "bronze_text" in out
 
+
+
+def test_the_pipelines_sensor_follows_the_kafka_log(settings, broker, monkeypatch):
+    """new_segments_sensor asks the log, whatever its kind: over Kafka a grown topic starts the
+    pipelines once, then the cursor (the end offset) holds until the topic grows again."""
+    import dagster as dg
+
+    from orchestration.definitions import build_definitions
+
+    kafka = _kafka(settings, broker, monkeypatch)
+    defs = build_definitions(kafka.registry)
+    sensor = defs.resolve_sensor_def("new_segments_sensor")
+    resources = {"eventide": defs.resources["eventide"]}
+    with dg.build_sensor_context(resources=resources) as ctx:
+        assert isinstance(sensor(ctx), dg.SkipReason)
+    ingest_files(kafka, "text", [WORDS])
+    with dg.build_sensor_context(resources=resources) as ctx:
+        req = sensor(ctx)
+        cursor = ctx.cursor
+    assert isinstance(req, dg.RunRequest) and req.tags["eventide/new_segments"] == "text"
+    assert json.loads(cursor) == {"text": str(N)}
+    with dg.build_sensor_context(resources=resources, cursor=cursor) as ctx:
+        assert isinstance(sensor(ctx), dg.SkipReason)
+    ingest_files(kafka, "text", [WORDS])
+    with dg.build_sensor_context(resources=resources, cursor=cursor) as ctx:
+        assert isinstance(sensor(ctx), dg.RunRequest)
