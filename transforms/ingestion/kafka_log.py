@@ -191,13 +191,23 @@ class KafkaLog(Log):
         for a topic that does not exist yet."""
         from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-        try:
-            return _client("consumer", self.servers).get_watermark_offsets(
-                TopicPartition(topic, 0), timeout=CHECK_TIMEOUT_SECONDS, cached=False)
-        except KafkaException as e:
-            if e.args[0].code() in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION):
-                return 0, 0
-            raise _unreachable(self.servers, self.settings.log, _reason(e)) from None
+        consumer = _client("consumer", self.servers)
+        for attempt in (1, 2):
+            try:
+                return consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=CHECK_TIMEOUT_SECONDS,
+                                                      cached=False)
+            except KafkaException as e:
+                if e.args[0].code() not in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION):
+                    raise _unreachable(self.servers, self.settings.log, _reason(e)) from None
+                if attempt == 2:
+                    return 0, 0
+                # The client's metadata may predate the topic (it was asked for before it existed): ask
+                # the broker for the topic's metadata, then look again.
+                try:
+                    consumer.list_topics(topic, timeout=CHECK_TIMEOUT_SECONDS)
+                except KafkaException as e2:
+                    raise _unreachable(self.servers, self.settings.log, _reason(e2)) from None
+        raise AssertionError("not reached")
 
     # -- writing ---------------------------------------------------------------------------------------
     def writer(self) -> KafkaWriter:
