@@ -245,15 +245,6 @@ def uncovered_line_counts(settings: Settings, days: list[dt.date]) -> dict[dt.da
     return {d: counted.get(d, 0) for d in days}
 
 
-def summary_from_bronze(settings: Settings, day: str | dt.date) -> pa.Table:
-    """The recompute of one day: every decoded line of the day in bronze, counted by status."""
-    return bronze_counts(settings, [parse_day(day)])[parse_day(day)]
-
-
-def bronze_line_count(settings: Settings, day: str | dt.date) -> int:
-    return line_total(summary_from_bronze(settings, day))
-
-
 def uncovered_line_count(settings: Settings, day: str | dt.date) -> int:
     return uncovered_line_counts(settings, [parse_day(day)])[parse_day(day)]
 
