@@ -379,7 +379,41 @@ class TCPSink:
         return _accepts(self.accepts, out)
 
 
-Sink = DeltaSink | TCPSink
+@dataclass(frozen=True)
+class KafkaSink:
+    """Produce each encoded output as one Kafka record: the encoder's bytes as the value, `key(output)`
+    (bytes or str; None: no key) as the record's key, to `topic` at `bootstrap` ("HOST:PORT[,HOST:PORT]").
+    `EVENTIDE_SINK_<NAME>=kafka://HOST:PORT/TOPIC` (or `off`) overrides both. Exactly once for
+    `read_committed` consumers: each micro-batch is one Kafka transaction (see README, "Kafka as a
+    source and a sink")."""
+
+    name: str
+    encoder: Encoder
+    topic: str | None = None
+    key: Callable[[Any], Any] | None = None
+    bootstrap: str | None = None
+    accepts: Accepts = None
+    # True: produce only when an address is set (else the sink is off). False: no address stops the app at start.
+    optional: bool = False
+
+    def wants(self, out: Any) -> bool:
+        return _accepts(self.accepts, out)
+
+    def key_of(self, out: Any) -> bytes | None:
+        """The record key of an output (bytes), or None."""
+        if self.key is None:
+            return None
+        k = self.key(out)
+        if k is None or isinstance(k, bytes):
+            return k
+        if isinstance(k, str):
+            return k.encode()
+        if isinstance(k, (bytearray, memoryview)):
+            return bytes(k)
+        raise UserFunctionError(f"KafkaSink {self.name!r}: key function returned {type(k).__name__}, expected bytes, str or None")
+
+
+Sink = DeltaSink | TCPSink | KafkaSink
 
 
 # -- pipelines --------------------------------------------------------------------------------------

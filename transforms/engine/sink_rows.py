@@ -14,7 +14,7 @@ from functools import cached_property
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from transforms.api import DeltaSink, TCPSink, UserFunctionError, to_record
+from transforms.api import DeltaSink, KafkaSink, TCPSink, UserFunctionError, to_record
 
 METADATA_COLUMNS = ("seq", "part", "stream", "receive_time", "connection")
 # An upsert's or TCP sink's rows carry their input's order, to keep the last per key / send in order.
@@ -170,6 +170,9 @@ class AllSinkRowsFn:
         schema = self.schemas[index]
         if isinstance(sink, TCPSink):
             data = pa.table({"bytes": pa.array(encode_all(sink, chosen), pa.binary())})
+        elif isinstance(sink, KafkaSink):  # a record: the encoder's bytes as its value, with its key
+            data = pa.table({"bytes": pa.array([sink.encoder(o) for o in chosen], pa.binary()),
+                             "key": pa.array([sink.key_of(o) for o in chosen], pa.binary())})
         else:
             data = outputs_to_table(sink, chosen, meta)
             if sink.schema is None:

@@ -30,8 +30,14 @@ from typing import Any
 import pyarrow as pa
 
 from transforms import lake
-from transforms.api import DeltaSink, TCPSink
+from transforms.api import DeltaSink, KafkaSink, TCPSink
 from transforms.engine.envelope import DECODED_PREFIX, ENVELOPE
+from transforms.engine.kafka_sink import (
+    KAFKA_SCHEME,
+    TransactionalSink,
+    kafka_destination,
+    parse_kafka_address,
+)
 from transforms.engine.plan import QueryMode, QueryPlan
 from transforms.engine.report import RunReport
 from transforms.engine.sink_rows import (
@@ -172,9 +178,12 @@ class BatchWriter:
         fn = AllSinkRowsFn([w.sink for w in writers], [w.index for w in writers], schemas, batch_df_schema(self.plan))
         rows = source.mapInArrow(fn, from_arrow_schema(fn.schema)).persist(StorageLevel.MEMORY_AND_DISK)
         try:
-            tcp = [w.index for w in writers if isinstance(w, TCPSinkWriter)]
+            # The TCP and Kafka sinks' rows come to the driver, which sends them (DRIVER_COLUMNS).
+            driver = [w for w in writers if w.DRIVER_COLUMNS]
+            tcp = [w.index for w in driver]
             is_tcp = F.col(SINK_INDEX).isin(tcp) if tcp else F.lit(False)
-            tcp_rows = F.struct(*(F.col(sink_column(i, c)).alias(f"{c}{i}") for i in tcp for c in ("bytes", *ORDER))) if tcp else F.lit(None)
+            tcp_rows = F.struct(*(F.col(sink_column(w.index, c)).alias(f"{c}{w.index}") for w in driver
+                                  for c in (*w.DRIVER_COLUMNS, *ORDER))) if tcp else F.lit(None)
             extra = [F.collect_list(RECEIVE_TIME).alias("times")] if self.per_row_latencies else []
             groups = {r[SINK_INDEX]: r for r in rows.groupBy(SINK_INDEX).agg(
                 F.count(F.lit(1)).alias("n"), F.min(RECEIVE_TIME).alias("oldest"),
@@ -184,13 +193,14 @@ class BatchWriter:
                 q = rows.where(F.col(SINK_INDEX) == QUARANTINE_INDEX).select(
                     *(_col(sink_column(QUARANTINE_INDEX, c)).alias(c) for c in QUARANTINE_COLUMNS)).toArrow()
                 outcomes.append(self.quarantine.write(q, batch_df.sparkSession, batch_id))
-            # TCP sinks first: an answer goes out before the lake's commits (each sink is exactly once
-            # on its own: a crash between them replays the batch, and each skips what it has).
-            for w in writers:
-                if isinstance(w, TCPSinkWriter) and w.index in groups:
-                    payloads = [(r[f"{ORDER[0]}{w.index}"], r[f"{ORDER[1]}{w.index}"], r[f"bytes{w.index}"])
-                                for r in groups[w.index]["tcp"]]
-                    outcomes.append(w.send(sorted(payloads), batch_id))
+            # TCP and Kafka sinks first: an answer goes out before the lake's commits (each sink is
+            # exactly once on its own: a crash between them replays the batch, and each skips what it has).
+            for w in driver:
+                if w.index in groups:
+                    i = w.index
+                    payloads = [(r[f"{ORDER[0]}{i}"], r[f"{ORDER[1]}{i}"], *(r[f"{c}{i}"] for c in w.DRIVER_COLUMNS))
+                                for r in groups[i]["tcp"]]
+                    outcomes.append(w.send(sorted(payloads, key=lambda p: (p[0], p[1])), batch_id))
             deltas = [w for w in writers if isinstance(w, DeltaSinkWriter) and w.index in groups]
             outcomes += write_side_by_side([
                 (w.sink.mode == "upsert", lambda w=w: w.write(
@@ -303,7 +313,11 @@ class WriteContext:
 class SinkWriter:
     """Writes one sink's share of each micro-batch. `row_schema` says the columns it wants from the
     executors' pass over the outputs (sink_rows.AllSinkRowsFn); `write(rows, n, batch_id)` gets them
-    (n rows) as a DataFrame and returns NEW, or REPLAYED for a batch it had written before."""
+    (n rows) as a DataFrame and returns NEW, or REPLAYED for a batch it had written before. A writer
+    with DRIVER_COLUMNS gets its rows on the driver instead: `send(rows, batch_id)`, rows of (seq, part,
+    *DRIVER_COLUMNS) in their inputs' order."""
+
+    DRIVER_COLUMNS: tuple[str, ...] = ()
 
     def __init__(self, sink: Any, ctx: WriteContext, index: int):
         self.sink, self.ctx, self.index = sink, ctx, index
@@ -396,6 +410,7 @@ class TCPSinkWriter(SinkWriter):
     the marker, and says so."""
 
     sink: TCPSink
+    DRIVER_COLUMNS = ("bytes",)
 
     def __init__(self, sink: TCPSink, ctx: WriteContext, index: int):
         super().__init__(sink, ctx, index)
@@ -455,6 +470,53 @@ class TCPSinkWriter(SinkWriter):
     def close(self) -> None:
         if self.sender is not None:
             self.sender.close()
+
+
+class KafkaSinkWriter(SinkWriter):
+    """Produces a batch's encoded outputs (the encoder's bytes as values, the key function's as keys) as
+    one Kafka transaction with a record of the batch id, and skips a batch committed before: exactly
+    once for read_committed consumers (transforms/engine/kafka_sink.py). No address: the sink is off."""
+
+    sink: KafkaSink
+    DRIVER_COLUMNS = ("bytes", "key")
+
+    def __init__(self, sink: KafkaSink, ctx: WriteContext, index: int):
+        super().__init__(sink, ctx, index)
+        address = ctx.tcp_addresses.get(sink.name)
+        self.kafka = None
+        if address:
+            servers, topic = parse_kafka_address(address)
+            self.kafka = TransactionalSink(
+                servers, topic, txn_id=f"eventide.{ctx.plan.app_id(sink.name)}.{_home_id(ctx.settings)}",
+                where=f"Kafka sink {sink.name!r} ({ctx.plan.name}) to topic {topic!r} at {servers}",
+                switch_off=f"EVENTIDE_SINK_{sink.name.upper()}=off")
+
+    @property
+    def active(self) -> bool:
+        return self.kafka is not None
+
+    def row_schema(self, inferred: pa.Schema | None) -> pa.Schema:
+        return pa.schema([("bytes", pa.binary()), ("key", pa.binary()), (ORDER[0], pa.int64()), (ORDER[1], pa.int32())])
+
+    def send(self, rows: list[tuple], batch_id: int) -> str:
+        """The batch's (seq, part, value, key) rows as one transaction, unless committed before."""
+        self.kafka.start()
+        self.ctx.count(f"tcp:{self.sink.name}", len(rows))  # not a table: counted as the TCP sinks are
+        if self.kafka.committed(batch_id):
+            return REPLAYED
+        self.kafka.commit(batch_id, [(value, key) for _, _, value, key in rows])
+        return NEW
+
+    def close(self) -> None:
+        if self.kafka is not None:
+            self.kafka.close()
+
+
+def _home_id(settings: Settings) -> str:
+    """A short id of the home, so that two homes' sinks of one name on one cluster do not fence each other."""
+    import hashlib
+
+    return hashlib.sha1(str(settings.home.absolute()).encode()).hexdigest()[:8]
 
 
 QUARANTINE_KEYS = ("stream", "seq", "step")
@@ -529,13 +591,14 @@ def _with_landed_payloads(q: pa.Table, settings: Settings, group: str) -> pa.Tab
 
 # -- building the writers of a query -----------------------------------------------------------------
 # The writer of each kind of sink of transforms.api.
-WRITERS: dict[type, type[SinkWriter]] = {DeltaSink: DeltaSinkWriter, TCPSink: TCPSinkWriter}
+WRITERS: dict[type, type[SinkWriter]] = {DeltaSink: DeltaSinkWriter, TCPSink: TCPSinkWriter, KafkaSink: KafkaSinkWriter}
 
 
 def make_sink_writers(ctx: WriteContext) -> list[SinkWriter]:
-    """One writer per sink of the plan, in the plan's order."""
+    """One writer per sink of the plan, in the plan's order (a TCP sink sent to kafka://... is a Kafka sink)."""
     writers = []
     for i, sink in enumerate(ctx.plan.sinks):
+        sink = kafka_destination(sink, ctx.tcp_addresses.get(sink.name))
         writer = WRITERS.get(type(sink))
         if writer is None:
             raise TypeError(f"query {ctx.plan.name!r}: no writer for sink {sink!r} (known: {[t.__name__ for t in WRITERS]})")
@@ -549,25 +612,31 @@ OFF = "off"
 
 def resolve_tcp_sinks(app: str, sinks, tcp_addresses: Mapping[str, str] | None = None,
                       environ: Mapping[str, str] = os.environ) -> dict[str, str | None]:
-    """Each TCP sink's address ("HOST:PORT"), or None for a sink that is off.
+    """Each TCP or Kafka sink's address ("HOST:PORT", or "kafka://HOST:PORT/TOPIC"), or None for a sink
+    that is off.
 
-    From `tcp_addresses`, else `EVENTIDE_SINK_<NAME>=off`, else the sink's `address`, else
-    `EVENTIDE_SINK_<NAME>`. A sink without an address is off only when declared `optional=True`:
+    From `tcp_addresses`, else `EVENTIDE_SINK_<NAME>=off`, else the sink's own (a TCP sink's `address`, a
+    Kafka sink's `bootstrap` and `topic`), else `EVENTIDE_SINK_<NAME>`; a TCP sink's address may be a
+    `kafka://HOST:PORT/TOPIC` (then its encoder's bytes go to that topic). A set `EVENTIDE_SINK_<NAME>`
+    overrides a Kafka sink's own. A sink without an address is off only when declared `optional=True`:
     otherwise ConfigError, before any Spark work, so outputs are never dropped unnoticed.
     """
     given = tcp_addresses or {}
     resolved: dict[str, str | None] = {}
     for sink in sinks:
-        if not isinstance(sink, TCPSink):
+        if not isinstance(sink, (TCPSink, KafkaSink)):
             continue
+        kind = "TCP" if isinstance(sink, TCPSink) else "Kafka"
         var = f"EVENTIDE_SINK_{sink.name.upper()}"
         env = environ.get(var, "").strip()
+        own = sink.address if isinstance(sink, TCPSink) else (
+            f"{KAFKA_SCHEME}{sink.bootstrap}/{sink.topic}" if sink.bootstrap and sink.topic else None)
         if given.get(sink.name):
             address, origin = given[sink.name], f"tcp_addresses[{sink.name!r}]"
         elif env.lower() == OFF:
             address, origin = OFF, var
-        elif sink.address:
-            address, origin = sink.address, "address=..."
+        elif own and not (kind == "Kafka" and env):
+            address, origin = own, "address=..." if kind == "TCP" else "bootstrap=..., topic=..."
         else:
             address, origin = env or None, var
         if address is not None and address.strip().lower() == OFF:
@@ -577,13 +646,22 @@ def resolve_tcp_sinks(app: str, sinks, tcp_addresses: Mapping[str, str] | None =
             if sink.optional:
                 resolved[sink.name] = None
                 continue
+            what = "HOST:PORT (or kafka://HOST:PORT/TOPIC)" if kind == "TCP" else "kafka://HOST:PORT/TOPIC"
+            given_as = "address=..." if kind == "TCP" else "bootstrap=... and topic=..."
             raise ConfigError(
-                f"TCP sink {sink.name!r} of app {app!r} has no address: set {var}=HOST:PORT (or pass "
-                f"address=...), or declare it TCPSink(..., optional=True) to send only when that variable is set"
+                f"{kind} sink {sink.name!r} of app {app!r} has no address: set {var}={what} (or pass {given_as}), or "
+                f"declare it {type(sink).__name__}(..., optional=True) to send only when that variable is set"
             )
+        if address.startswith(KAFKA_SCHEME) or kind == "Kafka":
+            if parse_kafka_address(address) is None:
+                raise ConfigError(f"{kind} sink {sink.name!r} of app {app!r}: {origin}={address!r} is not "
+                                  "kafka://HOST:PORT/TOPIC (a topic of letters, digits, ., _ and -)")
+            resolved[sink.name] = address
+            continue
         _, _, port = address.rpartition(":")
         if not (port.isdigit() and 0 < int(port) < 65536):
-            raise ConfigError(f"TCP sink {sink.name!r} of app {app!r}: {origin}={address!r} is not HOST:PORT")
+            raise ConfigError(f"TCP sink {sink.name!r} of app {app!r}: {origin}={address!r} is not HOST:PORT "
+                              "or kafka://HOST:PORT/TOPIC")
         resolved[sink.name] = address
     return resolved
 
