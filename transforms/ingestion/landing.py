@@ -115,6 +115,18 @@ def _encode_record(seq: int, recv_us: int, stream: str, conn: str, err: str | No
     return _REC_HEAD.pack(len(body), zlib.crc32(body)) + body
 
 
+def _chunks_by_size(payloads: list[bytes], limit: int):
+    """(start, end) index ranges of consecutive payloads of about `limit` bytes each (at least one each)."""
+    start, size = 0, 0
+    for i, payload in enumerate(payloads):
+        size += len(payload)
+        if size >= limit:
+            yield start, i + 1
+            start, size = i + 1, 0
+    if start < len(payloads):
+        yield start, len(payloads)
+
+
 def _read_journal(path: Path) -> tuple[list[tuple], bytes]:
     """Whole records of a journal, and the torn bytes after the last whole record."""
     data = path.read_bytes()
@@ -171,6 +183,7 @@ class Lander(LogWriter):
         self._lock_file.write(str(os.getpid()))
         self._lock_file.flush()
         self._open: dict[str, _OpenSegment] = {}
+        self._groups: dict[str, str] = {}  # stream -> its log; asking the registry per message cost half of ingest
         self._closed_at: dict[str, float] = {}  # when each log's last segment closed (clock time)
         self.segments_closed = 0
         self.messages_landed = 0
@@ -216,7 +229,7 @@ class Lander(LogWriter):
     # -- writing -------------------------------------------------------------------------------
     def append(self, stream: str, payload: bytes, connection: str = "", error: str | None = None) -> int:
         """Land one message (or, with `error`, one quarantined piece of input). Returns its sequence."""
-        group = self.settings.group_of(stream)
+        group = self._group_of(stream)
         seg = self._open.get(group)
         if seg is None:
             seg = self._open_segment(group)
@@ -231,6 +244,44 @@ class Lander(LogWriter):
         if seg.size >= self.settings.segment_max_bytes:
             self._close_segment(group)
         return seq
+
+    def append_many(self, stream: str, payloads: list[bytes], connection: str = "") -> None:
+        """Land messages of a file in order, straight into closed segments (no journal: each segment is
+        written whole, then renamed, so a crash leaves whole segments only, as closing a journal does).
+        The group's open segment is closed first, so what was appended before stays before."""
+        if not payloads:
+            return
+        group = self._group_of(stream)
+        if group in self._open:
+            self._close_segment(group)
+        group_dir = self.root / group
+        group_dir.mkdir(parents=True, exist_ok=True)
+        recv_us = int(self.clock() * 1_000_000)
+        for start, end in _chunks_by_size(payloads, self.settings.segment_max_bytes):
+            first = self._next_seq
+            self._next_seq += end - start
+            n = end - start
+            table = pa.Table.from_arrays(
+                [
+                    pa.repeat(pa.scalar(stream, pa.string()), n),
+                    pa.array(range(first, first + n), pa.int64()),
+                    pa.repeat(pa.scalar(recv_us, pa.int64()), n).cast(pa.timestamp("us", tz="UTC")),
+                    pa.repeat(pa.scalar(connection, pa.string()), n),
+                    pa.array(payloads[start:end], pa.binary()),
+                    pa.nulls(n, pa.string()),
+                ],
+                schema=LANDING_SCHEMA,
+            )
+            self._write_table(group_dir, table, first, first + n - 1)
+            self.segments_closed += 1
+            self.messages_landed += n
+        self._closed_at[group] = self.clock()
+
+    def _group_of(self, stream: str) -> str:
+        group = self._groups.get(stream)
+        if group is None:
+            group = self._groups[stream] = self.settings.group_of(stream)
+        return group
 
     def sync(self) -> None:
         """Push buffered journal bytes to the OS, so a crash of this process loses nothing."""
@@ -315,7 +366,11 @@ class Lander(LogWriter):
             ],
             schema=LANDING_SCHEMA,
         )
-        final = group_dir / segment_name(cols[1][0], cols[1][-1])
+        return Lander._write_table(group_dir, table, cols[1][0], cols[1][-1])
+
+    @staticmethod
+    def _write_table(group_dir: Path, table: pa.Table, first: int, last: int) -> Path:
+        final = group_dir / segment_name(first, last)
         tmp = group_dir / f".{final.name}.tmp"
         with open(tmp, "wb") as f:
             pq.write_table(table, f, compression="zstd")

@@ -80,6 +80,11 @@ class LogWriter(ABC):
     def append(self, stream: str, payload: bytes, connection: str = "", error: str | None = None) -> None:
         """Write one message (or, with `error`, one quarantined piece of input the gateway could not frame)."""
 
+    def append_many(self, stream: str, payloads: list[bytes], connection: str = "") -> None:
+        """Write messages in order, as `append` one by one would; a log may do it in bulk (files)."""
+        for payload in payloads:
+            self.append(stream, payload, connection)
+
     @abstractmethod
     def sync(self) -> None:
         """Cheap, after each chunk: push what was appended towards durability (landing: to the OS)."""

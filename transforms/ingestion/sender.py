@@ -14,6 +14,7 @@ half a batch behind.
 
 from __future__ import annotations
 
+import itertools
 import os
 import socket
 import time
@@ -157,6 +158,20 @@ class _Meter:
                      f"{mb / (now - self.started):,.1f} MB/s")
 
 
+def _batches(payloads: Iterable[bytes], limit: int) -> Iterator[list[bytes]]:
+    """Consecutive payloads in lists of about `limit` bytes (a landing segment's worth)."""
+    batch: list[bytes] = []
+    size = 0
+    for payload in payloads:
+        batch.append(payload)
+        size += len(payload)
+        if size >= limit:
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch
+
+
 def _framed_chunks(payloads: Iterable[bytes], framing: Framing) -> Iterator[bytes]:
     batch: list[bytes] = []
     size = 0
@@ -211,12 +226,12 @@ def ingest_files(
     try:
         for path, _count in plan:
             connection = f"file:{path.name}"
-            for payload in _file_messages(path, framing, is_framed_file(path, framed)):
-                writer.append(stream, payload, connection)
-                landed += 1
+            messages = _file_messages(path, framing, is_framed_file(path, framed))
             if end_of_day:
-                writer.append(stream, marker, connection)
-                landed += 1
+                messages = itertools.chain(messages, [marker])
+            for batch in _batches(messages, settings.segment_max_bytes):
+                writer.append_many(stream, batch, connection)  # in bulk: a file needs no per-message journal
+                landed += len(batch)
         writer.flush()
     finally:
         if own_writer:

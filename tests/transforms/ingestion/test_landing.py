@@ -11,6 +11,9 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
 
 from transforms.ingestion.landing import LANDING_SCHEMA, Lander, LandingBusy, list_segments, read_landed
 from transforms.settings import Settings
@@ -284,3 +287,43 @@ def test_torn_record_sequence_is_unique_across_groups(settings, tmp_path):
 def test_read_landed_of_an_empty_group(settings):
     table = read_landed(settings, "logs")
     assert table.num_rows == 0 and table.schema.equals(LANDING_SCHEMA)
+
+
+@given(
+    calls=st.lists(
+        st.tuples(st.booleans(), st.sampled_from(["market_data", "orders", "logs"]),
+                  st.lists(st.binary(max_size=40), max_size=30)),
+        max_size=6),
+    limit=st.integers(1, 200),
+)
+@hypothesis_settings(max_examples=20, deadline=None)
+def test_append_many_lands_what_appending_one_by_one_lands(tmp_path_factory, calls, limit):
+    """The bulk path (files) equals the one-message path (the gateway): same streams, sequence numbers,
+    connections and payloads in the same order, segments of at most about `limit` bytes."""
+    def land_all(bulk_allowed: bool) -> dict[str, list[tuple]]:
+        s = Settings(home=tmp_path_factory.mktemp("home"), segment_max_bytes=limit)
+        with Lander(s, clock=FakeClock()) as lander:
+            for bulk, stream, payloads in calls:
+                if bulk and bulk_allowed:
+                    lander.append_many(stream, payloads, "file:x")
+                else:
+                    for p in payloads:
+                        lander.append(stream, p, "file:x")
+        return {g: [(r["stream"], r["seq"], r["connection"], r["payload"], r["landing_error"]) for r in rows(s, g)]
+                for g in ("logs", MARKET)}
+
+    assert land_all(True) == land_all(False)
+
+
+def test_ingest_lands_a_file_in_whole_segments_without_journals(settings, tmp_path):
+    from transforms.ingestion.sender import ingest_files
+
+    lines = [b"line %d\n" % i for i in range(5000)]
+    path = tmp_path / "day.log"
+    path.write_bytes(b"".join(lines))
+    small = Settings(home=settings.home, segment_max_bytes=10_000)
+    assert ingest_files(small, "logs", [path], end_of_day=True) == 5001
+    landed = rows(small, "logs")
+    assert [r["payload"] for r in landed] == [*lines, b"END_OF_DAY"]
+    assert [r["seq"] for r in landed] == list(range(1, 5002))
+    assert len(list_segments(small, "logs")) == 5 and not journals(small, "logs")  # ~48 kB in 10 kB segments
