@@ -5,7 +5,7 @@
         .to(trigger_windows(is_marker=field_is("kind", "marker"), boundary="day").over(counting()))
         .to_sink(DeltaSink("windows", accepts=WindowResult))
 
-A window kind (`trigger_windows`, `event_time_windows`, `wall_clock_windows`) says when windows
+A window kind (`trigger_windows`, `count_windows`, `event_time_windows`, `wall_clock_windows`) says when windows
 close; `.over(aggregator)` (a `windows.Aggregator`: `create()`, `add(acc, msg)`, optional
 `add_frame(acc, df)`) says what they hold, and returns a `WindowComputation`: a state computation
 like any other (`.to()` takes it after `key_by`), whose state is the key's open windows and whose
@@ -14,7 +14,8 @@ maps each closed window to output rows instead (one object, a list, or None); la
 event-time windows with `late="route"` are output as `windows.LateEvent`s as they are.
 
 The window's key is the pipeline's key (`ctx.key`, see `transforms.api.Context`): each key has its
-own windows. Trigger windows run in the batch form (a key's messages of a micro-batch as one
+own windows. Count windows run in the batch form when the aggregator has `add_frame`. Trigger
+windows run in the batch form (a key's messages of a micro-batch as one
 DataFrame, folded with `add_frame`) when the aggregator has `add_frame` and `is_marker`/`boundary`
 are field names or `field_is(...)`; otherwise, and for the time windows, one message at a time. Both
 forms give the same windows (`.one_message()` is the reference form, for tests).
@@ -37,6 +38,8 @@ import pandas as pd
 from transforms.api import Context, StateComputation
 from windows import (
     Aggregator,
+    CountState,
+    CountWindows,
     Emitted,
     EventTimeState,
     EventTimeWindows,
@@ -50,6 +53,7 @@ from windows import (
 __all__ = [
     "FieldIs",
     "WindowComputation",
+    "count_windows",
     "event_time_windows",
     "field_is",
     "trigger_windows",
@@ -357,3 +361,32 @@ def wall_clock_windows(size_ms: int) -> WallClockWindowKind:
     WallClockWindows(Aggregator(create=int, add=lambda a, m: a), size_ms)  # check the size now
     return WallClockWindowKind(size_ms)
 
+
+
+@dataclass(frozen=True)
+class CountWindowKind(_WindowKind):
+    state_class: ClassVar[type] = CountState
+    default_name: ClassVar[str] = "count windows"
+
+    size: int = 0
+    slide: int | None = None
+
+    def definition(self, aggregator: Aggregator) -> CountWindows:
+        return CountWindows(aggregator, self.size, self.slide)
+
+    def batch_form(self, window: CountWindows) -> bool:
+        return window.aggregator.add_frame is not None
+
+    def process(self, window: CountWindows, state, ctx: Context, msg) -> Emitted:
+        return window.process(state, ctx.key, ctx.seq, msg)
+
+    def process_frame(self, window: CountWindows, state, ctx: Context, frame: pd.DataFrame) -> Emitted:
+        return window.process_frame(state, ctx.key, frame, seq=frame["_seq"].to_numpy())
+
+
+def count_windows(size: int, slide: int | None = None) -> CountWindowKind:
+    """Windows of `size` messages per key, a new one every `slide` messages (None: tumbling, one after
+    the other; smaller: sliding, overlapping). A window closes (reason `count`) on its `size`-th
+    message; its bounds are its messages' sequence numbers (`first_seq`, `last_seq`)."""
+    CountWindows(Aggregator(create=int, add=lambda a, m: a), size, slide)  # check the sizes now
+    return CountWindowKind(size, slide)

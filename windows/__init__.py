@@ -3,6 +3,7 @@
 - `TriggerWindows`: closed by the data itself: a marker message, a new day, a count limit.
 - `EventTimeWindows`: tumbling/sliding event-time windows, per-key watermark, late-data policy.
 - `WallClockWindows`: processing-time windows closed by timers.
+- `CountWindows`: tumbling and sliding windows of a key's message count.
 
 Each kind has a definition (frozen, a module constant) and a state class (kept in keyed state);
 `process(...)` returns an `Emitted` with the closed `WindowResult`s (each saying how it closed and
@@ -14,6 +15,7 @@ key's window state in the engine's keyed state and gets the key and the clock fr
 """
 
 from windows.core import Aggregator, CloseReason, Emitted, OpenWindow, WindowResult, counting
+from windows.count import CountState, CountWindows, reference_count_windows
 from windows.event_time import EventTimeState, EventTimeWindows, LateEvent, LatePolicy
 from windows.triggers import DEFAULT_MARKER, TriggerState, TriggerWindows, is_marker
 from windows.wall_clock import WallClockState, WallClockWindows
@@ -22,6 +24,8 @@ __all__ = [
     "DEFAULT_MARKER",
     "Aggregator",
     "CloseReason",
+    "CountState",
+    "CountWindows",
     "Emitted",
     "EventTimeState",
     "EventTimeWindows",
@@ -35,4 +39,5 @@ __all__ = [
     "WindowResult",
     "counting",
     "is_marker",
+    "reference_count_windows",
 ]
