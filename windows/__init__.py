@@ -14,7 +14,15 @@ This package is the window logic alone. In an application, a window is a pipelin
 key's window state in the engine's keyed state and gets the key and the clock from the context.
 """
 
-from windows.core import Aggregator, CloseReason, Emitted, OpenWindow, WindowResult, counting
+from windows.core import (
+    Aggregator,
+    CloseReason,
+    Emitted,
+    OpenWindow,
+    WindowResult,
+    counting,
+    window_result_schema,
+)
 from windows.count import CountState, CountWindows, reference_count_windows
 from windows.event_time import EventTimeState, EventTimeWindows, LateEvent, LatePolicy
 from windows.triggers import DEFAULT_MARKER, TriggerState, TriggerWindows, is_marker
@@ -40,4 +48,5 @@ __all__ = [
     "counting",
     "is_marker",
     "reference_count_windows",
+    "window_result_schema",
 ]

@@ -66,10 +66,21 @@ class OpenWindow:
 
 @dataclass(frozen=True)
 class WindowResult:
-    """A closed window: its aggregate, how it closed and the sequence range of its messages.
+    """A window's result: its aggregate, its bounds, how it closed, and whether it is final.
 
-    `first_seq`/`last_seq` are the lowest and highest landing sequence numbers folded in (for
-    trigger windows a contiguous run of the source's messages, markers excluded).
+    - `key`: the pipeline's key (whose window); `window_id`: `key/start_ms-end_ms` for time windows,
+      `key/first_seq-last_seq` otherwise (unique per key and window);
+    - `close_reason`: how it closed (`CloseReason`, stored as its string value);
+    - `value`: the aggregator's accumulator;
+    - `first_seq`/`last_seq`: the lowest and highest landing sequence numbers folded in (for trigger
+      windows a contiguous run of the source's messages, markers excluded); `size`: messages folded in;
+    - `boundary`: trigger windows' boundary value (the day), else None;
+    - `start_ms`/`end_ms`: time windows' bounds `[start_ms, end_ms)` in ms (event or processing time),
+      else None;
+    - `final`: True for the one result of a closed window; False for an early (partial) result of a
+      window still open, which a later result of the same `window_id` supersedes.
+
+    `window_result_schema(value_type)` is its Delta table's schema, every column typed from the start.
     """
 
     key: str
@@ -82,6 +93,22 @@ class WindowResult:
     boundary: Any = None
     start_ms: int | None = None
     end_ms: int | None = None
+    final: bool = True
+
+
+def window_result_schema(value_type, boundary_type=None):
+    """The Arrow schema of `WindowResult` rows (the default emit) for `DeltaSink(schema=...)`: with it
+    the table has every column from its first batch, also those None so far (an inferred schema leaves
+    a column out until some row has a value). `value_type`: the accumulator's Arrow type;
+    `boundary_type`: trigger windows' boundary values (default string)."""
+    import pyarrow as pa
+
+    return pa.schema([
+        ("key", pa.string()), ("window_id", pa.string()), ("close_reason", pa.string()), ("value", value_type),
+        ("first_seq", pa.int64()), ("last_seq", pa.int64()), ("size", pa.int64()),
+        ("boundary", boundary_type or pa.string()), ("start_ms", pa.int64()), ("end_ms", pa.int64()),
+        ("final", pa.bool_()),
+    ])
 
 
 def close(key: str, window: OpenWindow, reason: CloseReason) -> WindowResult:
