@@ -1,11 +1,14 @@
 """`eventide run` again with nothing new: no query starts Spark, no summary runs again (the sensors'
 cursors are kept in the Dagster instance under the home); the Dagster daemon over the same home
-launches nothing either (one memory); a new day then runs just that day. Real Spark, Delta and
-Dagster (its daemon as `eventide ui` runs it)."""
+launches nothing either (one memory); a new day with its marker then makes the daemon launch one
+summary run, for that day only. Real Spark, Delta and Dagster (its daemon as `eventide ui` runs it,
+its runs in run workers of their own)."""
 
 import os
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import dagster as dg
@@ -13,6 +16,8 @@ import pytest
 from dagster._core.scheduler.instigation import TickStatus
 
 from examples.logs import SUMMARY_TABLE
+from examples.logs_assets import SUMMARY_JOB
+from orchestration import cli
 from orchestration.definitions import build_definitions
 from orchestration.runner import WORKSPACE_FILE, _sensor_origin, load_cursors, run_all
 from tests.conftest import REPO, land
@@ -21,6 +26,8 @@ from tests.transforms.test_logs_app import LOG_FILES, expected_summary, log_mess
 from transforms import lake
 
 pytestmark = pytest.mark.spark
+
+NEW_DAY = "2004-03-10"  # the day of LOG_FILES[3]
 
 
 def _summary(settings):
@@ -36,7 +43,6 @@ def test_a_second_run_does_nothing_and_a_new_day_runs_only_that_day(spark, setti
     assert run_all(settings, progress=said.append).passed
     assert "  daily_summary_job: 1 run(s): 2004-03-07..2004-03-09" in said  # adjacent days: one run
     version = lake.version(settings.table_path(SUMMARY_TABLE))
-    daemon_launches_nothing(settings, settings.home.parent / "daemon.log")
 
     def no_spark(*args, **kwargs):
         raise AssertionError("a run with nothing new asked for a Spark session")
@@ -49,39 +55,78 @@ def test_a_second_run_does_nothing_and_a_new_day_runs_only_that_day(spark, setti
     assert "  nothing due" in said and not any("run(s)" in s for s in said)
     assert lake.version(settings.table_path(SUMMARY_TABLE)) == version  # nothing rewritten
 
-    land(settings, "logs", log_messages(LOG_FILES[3:]))
-    said.clear()
-    assert run_all(settings, progress=said.append).passed
-    assert "  daily_summary_job: 1 run(s): 2004-03-10" in said
+    log = settings.home.parent / "daemon.log"
+    with dg.DagsterInstance.from_config(str(settings.dagster_home)) as instance:
+        assert set(load_cursors(instance, build_definitions(settings.registry))) == set(_sensor_names(settings))
+    runs_before = _run_ids(settings)
+    with running_daemon(settings, log) as daemon:
+        ticks = _wait_for(settings, daemon, lambda ticks, runs: all(len(t) >= 2 for t in ticks.values()))
+    for name, t in ticks.items():  # what `eventide run` did, the daemon does not redo
+        assert all(tick.status == TickStatus.SKIPPED for tick in t), (name, [(x.status, x.skip_reason) for x in t])
+    assert _run_ids(settings) == runs_before
+
+    # A new day and its marker land (`eventide ingest --end-of-day`), the pipelines run (their sensor's
+    # cursor moves with them); the daemon then launches one summary run, for that day only.
+    assert cli.main(["ingest", "logs", str(LOG_FILES[3]), "--end-of-day"]) == 0
+    assert run_all(settings, progress=said.append, summaries=False).passed
+    runs_before = _run_ids(settings)
+    ticks_before = {name: {t.tick_id for t in ts} for name, ts in ticks.items()}
+    # The hourly clock schedule (minute 17) would ask for the day too if it ticked before the sensor's
+    # run ended; a grace of a century keeps it out of the way (its own tests: tests/assets/test_logs_assets.py).
+    with running_daemon(settings, log, EVENTIDE_DAY_GRACE_HOURS="876000") as daemon:
+        def settled(ticks, runs):
+            """The daemon launched a run and it ended, and each sensor ticked after that."""
+            new = [r for r in runs if r.dagster_run.run_id not in runs_before]
+            if not new or not all(r.dagster_run.is_finished for r in new):
+                return False
+            ended = max(r.end_time for r in new)
+            return all(any(t.tick_id not in ticks_before[n] and t.timestamp > ended for t in ts) for n, ts in ticks.items())
+
+        ticks = _wait_for(settings, daemon, settled, timeout=300)
+    with dg.DagsterInstance.from_config(str(settings.dagster_home)) as instance:
+        new = [r for r in instance.get_runs() if r.run_id not in runs_before]
+    assert [(r.job_name, r.tags.get("dagster/partition"), r.status) for r in new] == \
+        [(SUMMARY_JOB, NEW_DAY, dg.DagsterRunStatus.SUCCESS)], daemon.tail()
+    launched = [(name, t.run_ids) for name, ts in ticks.items() for t in ts
+                if t.tick_id not in ticks_before[name] and t.status != TickStatus.SKIPPED]
+    assert launched == [("log_windows_sensor", [new[0].run_id])], launched
     assert _summary(settings) == expected_summary()
 
 
-def daemon_launches_nothing(settings, log: Path, ticks: int = 2, timeout: float = 180) -> None:
-    """Run the Dagster daemon (as `eventide ui` does, over the workspace) until each sensor has ticked
-    `ticks` times: every tick skipped and no run launched, since `eventide run` left their cursors."""
-    defs = build_definitions(settings.registry)
-    names = [s.name for s in defs.sensors]
+def _sensor_names(settings) -> list[str]:
+    return [s.name for s in build_definitions(settings.registry).sensors]
+
+
+def _run_ids(settings) -> set[str]:
     with dg.DagsterInstance.from_config(str(settings.dagster_home)) as instance:
-        assert set(load_cursors(instance, defs)) == set(names)  # the pipelines' sensor's too
-        runs_before = len(instance.get_runs())
+        return {r.run_id for r in instance.get_runs()}
+
+
+@contextmanager
+def running_daemon(settings, log: Path, **env) -> Iterator[Daemon]:
+    """The Dagster daemon over the workspace and the home, as `eventide ui` runs it; stopped (its
+    process group: code server, run workers) on the way out."""
     env = {**os.environ, "DAGSTER_HOME": str(settings.dagster_home.absolute()),
-           "EVENTIDE_HOME": str(settings.home.absolute()), "EVENTIDE_APPS": settings.apps}
+           "EVENTIDE_HOME": str(settings.home.absolute()), "EVENTIDE_APPS": settings.apps, **env}
     daemon = Daemon("dagster-daemon", [str(Path(sys.executable).with_name("dagster-daemon")), "run",
                                        "-w", str(WORKSPACE_FILE)], log).start(env, REPO)
     try:
-        deadline = time.monotonic() + timeout
-        while True:
-            with dg.DagsterInstance.from_config(str(settings.dagster_home)) as instance:
-                seen = {n: instance.get_ticks(_sensor_origin(n).get_id(), _sensor_origin(n).get_selector().get_id())
-                        for n in names}
-                runs = instance.get_runs()
-            if all(len(t) >= ticks for t in seen.values()):
-                break
-            assert daemon.running(), daemon.tail()
-            assert time.monotonic() < deadline, f"sensor ticks after {timeout} s: {seen}\n{daemon.tail()}"
-            time.sleep(2)
+        yield daemon
     finally:
         daemon.stop()
-    for name, t in seen.items():
-        assert all(tick.status == TickStatus.SKIPPED for tick in t), (name, [(x.status, x.skip_reason) for x in t])
-    assert len(runs) == runs_before, [r.job_name for r in runs[: len(runs) - runs_before]]
+
+
+def _wait_for(settings, daemon: Daemon, done, timeout: float = 180) -> dict[str, list]:
+    """Poll the instance until `done(ticks by sensor, run records)`; returns the ticks."""
+    names = _sensor_names(settings)
+    deadline = time.monotonic() + timeout
+    while True:
+        with dg.DagsterInstance.from_config(str(settings.dagster_home)) as instance:
+            ticks = {n: instance.get_ticks(_sensor_origin(n).get_id(), _sensor_origin(n).get_selector().get_id())
+                     for n in names}
+            runs = instance.get_run_records()
+        if done(ticks, runs):
+            return ticks
+        assert daemon.running(), daemon.tail()
+        assert time.monotonic() < deadline, f"not done after {timeout} s: {ticks}\n{daemon.tail()}"
+        time.sleep(2)
