@@ -538,7 +538,9 @@ def wait_caught_up(settings, timeout: float) -> float | None:
     start = time.time()
     while time.time() - start < timeout:
         st = compute_status(settings)
-        if st.queries and all(q.lag_messages == 0 for q in st.queries) and all(lg.open == 0 for lg in st.logs):
+        # a log that could not be read (Kafka away) shows no lag: that is not caught up
+        if st.queries and all(q.lag_messages == 0 for q in st.queries) and all(
+                lg.open == 0 and not lg.error for lg in st.logs):
             return round(time.time() - start, 1)
         time.sleep(0.5)
     print("[latency] not caught up:", [(q.query, q.lag_messages) for q in st.queries], [(lg.log, lg.open) for lg in st.logs],
@@ -547,12 +549,15 @@ def wait_caught_up(settings, timeout: float) -> float | None:
 
 
 def run_serve(workload: Workload, phases: list[Phase], say, drain_timeout: float = 30, final_timeout: float = 90,
-              bursts: int = BURSTS) -> dict:
+              bursts: int = BURSTS, env_extra: dict[str, str] | None = None) -> dict:
+    """`eventide serve` in a fresh home driven through the phases; `env_extra` adds to its environment
+    (bench/kafka.py: EVENTIDE_LOG)."""
     tmp = Path(tempfile.mkdtemp(prefix="eventide-bench-latency-"))
     listener = Listener()
     pm, po = _free_port(), _free_port()
     env = {**SPARK_ENV, **os.environ, "EVENTIDE_HOME": str(tmp / "home"), "EVENTIDE_APPS": "examples.market:app",
-           "EVENTIDE_PORTS": f"market_data={pm},orders={po}", "EVENTIDE_SINK_ORDER_RESULTS": listener.address}
+           "EVENTIDE_PORTS": f"market_data={pm},orders={po}", "EVENTIDE_SINK_ORDER_RESULTS": listener.address,
+           **(env_extra or {})}
     from transforms.settings import Settings
 
     settings = Settings.from_env(env)

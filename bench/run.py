@@ -7,6 +7,7 @@ Results: bench/results/latest.json and bench/results/latest.md (a copy per run, 
     python -m bench.run --only gateway,words  # a subset
     python -m bench.run --quick               # small sizes, a smoke run
     python -m bench.run --only peers          # Bytewax 0.21, a loop and Eventide (needs the bench extra)
+    python -m bench.run --only kafka          # Kafka as the log against the landing folder (--quick: 50k lines)
 """
 
 from __future__ import annotations
@@ -90,13 +91,24 @@ def _benchmarks(quick: bool) -> dict:
         else:
             bench_fixed(r, repeats=3)
 
+    def kafka(r):
+        from bench.kafka import QUICK, bench_kafka
+
+        # Kafka as the log against the landing folder, same data: `serve` throughput (1M log lines until
+        # every query has lag 0), `ingest`, and latency at 1k msgs/s; a broker of its own. Full: about 12
+        # minutes on 2 cores; it also writes bench/results/kafka-<date>.json.
+        if quick:
+            bench_kafka(r, **QUICK)
+        else:
+            bench_kafka(r, save=RESULTS / f"kafka-{dt.date.today().isoformat()}.json")
+
     return {"gateway": gateway, "bronze": bronze, "words": words, "market": market, "logs": logs,
-            "latency": latency, "scale": scale, "peers": peers, "fixed": fixed}
+            "latency": latency, "scale": scale, "peers": peers, "fixed": fixed, "kafka": kafka}
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--only", help="comma-separated: gateway,bronze,words,market,logs,latency,scale,peers,fixed")
+    p.add_argument("--only", help="comma-separated: gateway,bronze,words,market,logs,latency,scale,peers,fixed,kafka")
     p.add_argument("--quick", action="store_true")
     args = p.parse_args(argv)
     benches = _benchmarks(args.quick)
