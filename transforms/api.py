@@ -427,6 +427,7 @@ class Pipeline:
     name: str | None = None
     port: int | None = None  # the gateway port for this stream (EVENTIDE_PORTS overrides; None: assigned)
     bronze_table: str | None = None  # default: bronze_<stream>
+    origin: KafkaTopic | None = None  # None: the landed stream (gateway, ingest); else read from there (kafka_source)
 
     def to(self, step: Computation | StateComputation) -> Pipeline:
         if isinstance(step, StateComputation) and self.key_fn is None:
@@ -495,6 +496,42 @@ def source(stream: str, decoder: Decoder | None = None, *, port: int | None = No
     return Pipeline(stream=stream, decoder=decoder, port=port, bronze_table=bronze_table)
 
 
+KAFKA_PARTITION_SHIFT = 40  # a Kafka-sourced message's seq: partition << 40 | (offset + 1)
+
+
+@dataclass(frozen=True)
+class KafkaTopic:
+    """Where a Kafka-sourced stream reads: `topic` at `bootstrap` ("HOST:PORT[,HOST:PORT]"), from
+    `starting_offsets` ("earliest", "latest", or Spark's JSON of offsets per partition) on its first run;
+    later runs go on from the offsets in the query's checkpoint."""
+
+    topic: str
+    bootstrap: str
+    starting_offsets: str = "earliest"
+
+
+def kafka_source(stream: str, decoder: Decoder, *, topic: str, bootstrap: str,
+                 starting_offsets: str = "earliest") -> Pipeline:
+    """A pipeline reading a user's Kafka topic straight (no gateway, no landing, no bronze table): the
+    decoder gets each record's value bytes. Each message carries its record's metadata where a landed one
+    carries its landing's: `seq` is `partition << 40 | offset + 1` (`kafka_position(seq)` gives both back;
+    `ctx.seq` in a state computation, `_seq` in a batch form), `receive_time` the record's timestamp and
+    `connection` its key as text (UTF-8; `key_by("connection")` keys by the Kafka key). Offsets live in the
+    query's checkpoint: each record reaches the tables exactly once."""
+    if not isinstance(stream, str) or not stream.isidentifier():
+        raise ValueError(f"kafka_source({stream!r}): a stream name is a Python-style identifier, e.g. 'trades'")
+    if not isinstance(decoder, Decoder):
+        raise TypeError(f"kafka_source({stream!r}): decoder must be made with @decoder, got {decoder!r}")
+    if not topic or not bootstrap:
+        raise ValueError(f"kafka_source({stream!r}): give topic=... and bootstrap='HOST:PORT'")
+    return Pipeline(stream=stream, decoder=decoder, origin=KafkaTopic(topic, bootstrap, starting_offsets))
+
+
+def kafka_position(seq: int) -> tuple[int, int]:
+    """(partition, offset) of a Kafka-sourced message's `seq` (see kafka_source)."""
+    return seq >> KAFKA_PARTITION_SHIFT, (seq & ((1 << KAFKA_PARTITION_SHIFT) - 1)) - 1
+
+
 @dataclass(frozen=True)
 class Merged:
     """Keyed pipelines sharing one keyed state; each branch keeps its own steps.
@@ -560,7 +597,8 @@ class Application:
         object.__setattr__(self, "dagster_defs", dagster_defs)
 
     def sources(self) -> list[Pipeline]:
-        """Every source pipeline (merged ones flattened), in declaration order."""
+        """Every source pipeline (merged ones flattened), in declaration order; `landed()` for those
+        reading landed streams (not a Kafka topic of their own)."""
         out: list[Pipeline] = []
         for p in self.pipelines:
             out.extend(p.branches if isinstance(p, Merged) else (p,))
@@ -574,6 +612,10 @@ class Application:
 
     def streams(self) -> list[str]:
         return list(dict.fromkeys(b.stream for b in self.sources()))
+
+    def landed(self) -> list[Pipeline]:
+        """The source pipelines of landed streams (the gateway's and `ingest`'s), without kafka_source ones."""
+        return [b for b in self.sources() if b.origin is None]
 
 
 # -- the context of a state computation call ----------------------------------------------------------

@@ -115,7 +115,7 @@ class Registry:
 
         for r in self.registered:
             where = f"app {r.app.name!r} (module {r.module})"
-            for src in r.app.sources():
+            for src in r.app.landed():  # a kafka_source reads its own topic: not a landed stream
                 s = src.stream
                 parent.setdefault(s, s)
                 readers.setdefault(s, [])
@@ -139,9 +139,10 @@ class Registry:
                         raise AppLoadError(f"stream {s!r}: {attr} {seen[0]!r} ({seen[1]}) differs from {value!r} ({where})")
                     store.setdefault(s, (value, where))
             for p in r.app.pipelines:
-                if isinstance(p, Merged):
-                    first = find(p.branches[0].stream)
-                    for b in p.branches[1:]:
+                landed = [b for b in p.branches if b.origin is None] if isinstance(p, Merged) else []
+                if landed:
+                    first = find(landed[0].stream)
+                    for b in landed[1:]:
                         parent[find(b.stream)] = first
 
         for s in parent:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from transforms.api import Application, DeltaSink, Merged, Pipeline, StateComputation
+from transforms.api import Application, DeltaSink, KafkaTopic, Merged, Pipeline, StateComputation
 from transforms.engine.envelope import DECODED_PREFIX, ENVELOPE
 from transforms.settings import Settings
 
@@ -55,6 +55,8 @@ class QueryPlan:
     mode: QueryMode = QueryMode.ENVELOPE
     # direct/columnar: the decoded columns (for merged branches, the union of their decoders' columns)
     decoded_schema: pa.Schema | None = None
+    # Where the query reads: None, the home's log (landed streams); a KafkaTopic, a user's topic (kafka_source)
+    origin: KafkaTopic | None = None
 
     @property
     def stage_schema(self) -> pa.Schema:
@@ -88,10 +90,18 @@ def plan_queries(app: Application, settings: Settings, decoders: dict | None = N
         resolved = []
         for b in branches:
             dec = b.decoder or (decoders or {}).get(b.stream) or settings.registry.stream(b.stream).decoder
-            resolved.append(Pipeline(b.stream, dec, b.steps + shared_steps, b.key_fn, b.sinks, b.name))
+            resolved.append(Pipeline(b.stream, dec, b.steps + shared_steps, b.key_fn, b.sinks, b.name, origin=b.origin))
         for b in resolved:
             _check_steps(app.name, b)
-        groups = {settings.group_of(b.stream) for b in resolved}
+        origins = {b.origin for b in resolved}
+        if len(origins) > 1 or (len(resolved) > 1 and None not in origins):
+            raise ValueError(
+                f"application {app.name!r}: merged pipelines read {[b.stream for b in resolved]}, of which a "
+                "kafka_source: a Kafka topic has no one order with another source, so they cannot share keyed "
+                "state; give each its own pipeline and state"
+            )
+        origin = origins.pop()
+        groups = {settings.group_of(b.stream) if origin is None else f"kafka:{origin.topic}" for b in resolved}
         if len(groups) > 1:
             raise ValueError(
                 f"application {app.name!r}: merged pipelines read streams {[b.stream for b in resolved]} "
@@ -120,6 +130,7 @@ def plan_queries(app: Application, settings: Settings, decoders: dict | None = N
                 time_mode=TimeMode.PROCESSING_TIME if timed else TimeMode.NONE,
                 mode=mode,
                 decoded_schema=decoded,
+                origin=origin,
             )
         )
     return plans

@@ -31,7 +31,7 @@ from transforms.engine.plan import QueryPlan, plan_queries
 from transforms.engine.report import RunReport
 from transforms.engine.sinks import BatchWriter, resolve_tcp_sinks
 from transforms.engine.stages import make_pre_stage
-from transforms.ingestion.log import open_log
+from transforms.ingestion.kafka_source import plan_log
 from transforms.settings import Settings
 from transforms.spark import explain_task_error
 
@@ -39,7 +39,7 @@ from transforms.spark import explain_task_error
 def build_stream(spark, plan: QueryPlan, settings: Settings, layout: StateLayout = StateLayout.BUCKET):
     """The streaming DataFrame of a plan, up to the sinks. `layout`: how a keyed plan's state is
     grouped (its checkpoint's, see keyed_state.state_layout)."""
-    df = open_log(settings).source(spark, plan)
+    df = plan_log(settings, plan).source(spark, plan)  # the home's log, or a kafka_source's topic
     df = df.where(df.stream.isin(plan.streams))
     if not plan.quarantine_landing_errors:
         df = df.where(df.landing_error.isNull())
@@ -72,7 +72,7 @@ def nothing_new(plan: QueryPlan, settings: Settings) -> bool:
     checkpoint = plan.checkpoint(settings)
     if last_planned_batch(checkpoint) != max(batch_ids(checkpoint / "commits"), default=-1):
         return False
-    return open_log(settings).caught_up(plan)
+    return plan_log(settings, plan).caught_up(plan)
 
 
 def home_has_work(settings: Settings) -> bool:
@@ -122,7 +122,7 @@ def _run_locked(spark, plan: QueryPlan, settings: Settings, addresses: dict, rep
     query = start_query(spark, plan, settings, writer, trigger)
     try:
         if plan.timers:
-            stop_after_no_data_batch(query, planned_before, open_log(settings))
+            stop_after_no_data_batch(query, planned_before, plan_log(settings, plan))
         query.awaitTermination()
     except Exception as e:
         hint = explain_task_error(e)
@@ -132,7 +132,7 @@ def _run_locked(spark, plan: QueryPlan, settings: Settings, addresses: dict, rep
     finally:
         writer.close()
     report.seconds = time.time() - started
-    log = open_log(settings)
+    log = plan_log(settings, plan)
     report.input_rows = sum(landing_rows(p, log) for p in query.recentProgress)
     if progress:
         progress(f"{plan.name}: {report.input_rows} messages in {report.batches} batches, {report.seconds:.1f} s")

@@ -540,7 +540,7 @@ class QuarantineWriter:
         plan = self.ctx.plan
         done = lake.committed_batch(self.path, self.app_id)
         if q.column("payload").null_count:
-            q = _with_landed_payloads(q, self.ctx.settings, plan.group)
+            q = _with_landed_payloads(q, self.ctx.settings, plan)
         qtable = pa.table(
             {
                 "query": pa.array([plan.name] * q.num_rows, pa.string()),
@@ -576,15 +576,16 @@ def _first_per_key(table: pa.Table) -> pa.Table:
     return table.take(keep)
 
 
-def _with_landed_payloads(q: pa.Table, settings: Settings, group: str) -> pa.Table:
+def _with_landed_payloads(q: pa.Table, settings: Settings, plan: QueryPlan) -> pa.Table:
     """Messages quarantined after the pre stage travel without their payload (it is not shuffled):
-    take it from the log, so every quarantine row holds the exact bytes that failed."""
-    from transforms.ingestion.log import open_log
+    take it from the log the plan reads (the home's, or a kafka_source's topic), so every quarantine row
+    holds the exact bytes that failed."""
+    from transforms.ingestion.kafka_source import plan_log
 
     payloads = q.column("payload").to_pylist()
     seqs = q.column("seq").to_pylist()
     missing = [s for s, p in zip(seqs, payloads) if p is None]
-    landed = open_log(settings).payloads_for(group, missing) if missing else {}
+    landed = plan_log(settings, plan).payloads_for(plan.group, missing) if missing else {}
     filled = [p if p is not None else landed.get(s) for s, p in zip(seqs, payloads)]
     return q.set_column(q.schema.get_field_index("payload"), "payload", pa.array(filled, pa.binary()))
 

@@ -1,0 +1,140 @@
+"""A user's Kafka topic as a query's source (`transforms.api.kafka_source`): read with Spark's Kafka source,
+the offsets kept in the query's checkpoint, so with Delta's idempotent writes each record reaches the tables
+exactly once, as with the home's log.
+
+The records become rows in the log's columns (LANDING_DDL), so every stage after the source is the same:
+`stream` the pipeline's stream, `seq` = partition << 40 | (offset + 1) (unique, increasing within a
+partition; `transforms.api.kafka_position` gives both back), `receive_time` the record's timestamp,
+`connection` its key as text (UTF-8), `payload` its value, `landing_error` null. Order: a micro-batch's
+records are processed in `seq` order, so partition by partition; a key of the pipeline sees the records of
+one partition in their order (records with one Kafka key share a partition, so keying by it keeps Kafka's
+order), records of different partitions in batch order, and within a batch partition by partition.
+
+`plan_log(settings, plan)` is what the engine asks for a plan's source: the home's log (`open_log`) for
+landed streams, a `KafkaTopicLog` for a kafka_source.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from transforms.api import KAFKA_PARTITION_SHIFT, KafkaTopic, kafka_position
+from transforms.settings import Settings
+
+MAX_OFFSETS_PER_TRIGGER = 500_000  # a backlog is read in batches of at most this many records
+
+
+def plan_log(settings: Settings, plan):
+    """The log a plan reads: its kafka_source's topic, or the home's log."""
+    if plan.origin is None:
+        from transforms.ingestion.log import open_log
+
+        return open_log(settings)
+    return KafkaTopicLog(settings, plan.origin)
+
+
+def committed_offsets(checkpoint: Path, topic: str) -> dict[int, int] | None:
+    """The next offset per partition of `topic` that a query's last committed batch leaves to read (Spark's
+    offset log: `offsets/<batch>` holds `{"<topic>": {"<partition>": <offset>, ...}}`); None when nothing is
+    committed."""
+    commits = checkpoint / "commits"
+    ids = sorted(int(p.name) for p in commits.iterdir() if p.name.isdigit()) if commits.is_dir() else []
+    if not ids:
+        return None
+    try:
+        lines = (checkpoint / "offsets" / str(ids[-1])).read_text().splitlines()[2:]
+    except OSError:
+        return None
+    for line in lines:
+        try:
+            value = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(value, dict) and isinstance(value.get(topic), dict):
+            return {int(p): int(o) for p, o in value[topic].items()}
+    return None
+
+
+class KafkaTopicLog:
+    """The reading side of a user's topic, as the engine asks a log: `source`, `is_source`, `caught_up`,
+    `payloads_for` (the quarantine's exact payloads)."""
+
+    kind = "kafka_source"
+
+    def __init__(self, settings: Settings, origin: KafkaTopic):
+        self.settings, self.origin = settings, origin
+
+    def describe(self) -> str:
+        return f"Kafka topic {self.origin.topic!r} at {self.origin.bootstrap}"
+
+    def source(self, spark, plan):
+        from pyspark.sql import functions as F
+
+        (stream,) = plan.streams
+        raw = (spark.readStream.format("kafka")
+               .option("kafka.bootstrap.servers", self.origin.bootstrap)
+               .option("subscribe", self.origin.topic)
+               .option("startingOffsets", self.origin.starting_offsets)
+               .option("failOnDataLoss", "true")
+               .option("maxOffsetsPerTrigger", MAX_OFFSETS_PER_TRIGGER)
+               .load())
+        seq = F.shiftleft(F.col("partition").cast("long"), KAFKA_PARTITION_SHIFT) + F.col("offset") + 1
+        return raw.select(F.lit(stream).alias("stream"), seq.alias("seq"), F.col("timestamp").alias("receive_time"),
+                          F.col("key").cast("string").alias("connection"), F.col("value").alias("payload"),
+                          F.lit(None).cast("string").alias("landing_error"))
+
+    def is_source(self, description: str) -> bool:
+        return description.startswith("Kafka")
+
+    def _consumer(self):
+        from confluent_kafka import Consumer
+
+        from transforms.ingestion.kafka_log import _client_log
+
+        return Consumer({"bootstrap.servers": self.origin.bootstrap, "group.id": "eventide-reader",
+                         "enable.auto.commit": False, "logger": _client_log})
+
+    def end_offsets(self) -> dict[int, int]:
+        """The next offset each partition of the topic will write ({} if the topic does not exist)."""
+        from confluent_kafka import TopicPartition
+
+        from transforms.ingestion.kafka_log import CHECK_TIMEOUT_SECONDS
+
+        consumer = self._consumer()
+        try:
+            meta = consumer.list_topics(self.origin.topic, timeout=CHECK_TIMEOUT_SECONDS).topics.get(self.origin.topic)
+            partitions = sorted(meta.partitions) if meta is not None and meta.error is None else []
+            return {p: consumer.get_watermark_offsets(TopicPartition(self.origin.topic, p),
+                                                      timeout=CHECK_TIMEOUT_SECONDS)[1] for p in partitions}
+        finally:
+            consumer.close()
+
+    def caught_up(self, plan) -> bool:
+        done = committed_offsets(plan.checkpoint(self.settings), self.origin.topic)
+        if done is None:
+            return False  # nothing committed: let the query start from its starting offsets
+        return all(done.get(p, 0) >= end for p, end in self.end_offsets().items())
+
+    def payloads_for(self, group: str, seqs: list[int]) -> dict[int, bytes]:
+        from confluent_kafka import TopicPartition
+
+        from transforms.ingestion.kafka_log import DELIVERY_TIMEOUT_SECONDS
+
+        wanted = {kafka_position(s): s for s in seqs}
+        found: dict[int, bytes] = {}
+        consumer = self._consumer()
+        try:
+            for partition, offset in sorted(wanted):
+                consumer.assign([TopicPartition(self.origin.topic, partition, offset)])
+                deadline = time.monotonic() + DELIVERY_TIMEOUT_SECONDS
+                while time.monotonic() < deadline:
+                    msg = consumer.poll(1.0)
+                    if msg is not None and msg.error() is None:
+                        if msg.offset() == offset:
+                            found[wanted[(partition, offset)]] = msg.value()
+                        break
+        finally:
+            consumer.close()
+        return found
