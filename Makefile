@@ -46,7 +46,8 @@ demo: setup
 
 test: setup
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest tests
+	$(PY) -m pytest tests -n 2 --dist loadfile -m 'not serial' --durations=25
+	$(PY) -m pytest tests -m serial
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -64,6 +64,7 @@ def _wait_for(what, timeout: float, poll: float = 0.2):
 
 
 @pytest.mark.spark
+@pytest.mark.serial  # a 2 s promise: measured alone, not next to another test's Spark
 def test_serve_answers_orders_over_tcp_within_two_seconds_without_a_run(tmp_path):
     home, receiver = tmp_path / "home", Receiver()
     ports = {"market_data": _free_port(), "orders": _free_port()}
