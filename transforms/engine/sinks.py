@@ -647,7 +647,7 @@ def resolve_tcp_sinks(app: str, sinks, tcp_addresses: Mapping[str, str] | None =
             if sink.optional:
                 resolved[sink.name] = None
                 continue
-            what = "HOST:PORT (or kafka://HOST:PORT/TOPIC)" if kind == "TCP" else "kafka://HOST:PORT/TOPIC"
+            what = "HOST:PORT" if kind == "TCP" else "kafka://HOST:PORT/TOPIC"
             given_as = "address=..." if kind == "TCP" else "bootstrap=... and topic=..."
             raise ConfigError(
                 f"{kind} sink {sink.name!r} of app {app!r} has no address: set {var}={what} (or pass {given_as}), or "
