@@ -5,7 +5,8 @@
         .to(trigger_windows(is_marker=field_is("kind", "marker"), boundary="day").over(counting()))
         .to_sink(DeltaSink("windows", accepts=WindowResult))
 
-A window kind (`trigger_windows`, `count_windows`, `event_time_windows`, `wall_clock_windows`) says when windows
+A window kind (`trigger_windows`, `count_windows`, `event_time_windows`, `session_windows`,
+`wall_clock_windows`) says when windows
 close; `.over(aggregator)` (a `windows.Aggregator`: `create()`, `add(acc, msg)`, optional
 `add_frame(acc, df)`) says what they hold, and returns a `WindowComputation`: a state computation
 like any other (`.to()` takes it after `key_by`), whose state is the key's open windows and whose
@@ -20,7 +21,8 @@ DataFrame, folded with `add_frame`) when the aggregator has `add_frame` and `is_
 are field names or `field_is(...)`; otherwise, and for the time windows, one message at a time. Both
 forms give the same windows (`.one_message()` is the reference form, for tests).
 
-Wall-clock windows use processing-time timers: a window closes when its timer fires (see
+Wall-clock windows, processing-time sessions and event-time sessions with an idle timeout use
+processing-time timers: a window closes when its timer fires (see
 `transforms.api.Context` for when that is under `eventide run`), or when the key's next message
 finds it overdue.
 """
@@ -44,6 +46,8 @@ from windows import (
     EventTimeState,
     EventTimeWindows,
     LatePolicy,
+    SessionState,
+    SessionWindows,
     TriggerState,
     TriggerWindows,
     WallClockState,
@@ -56,6 +60,7 @@ __all__ = [
     "count_windows",
     "event_time_windows",
     "field_is",
+    "session_windows",
     "trigger_windows",
     "wall_clock_windows",
 ]
@@ -194,7 +199,10 @@ class _Run:
         return self.rows(self.kind.process_frame(self.window, state, _need(ctx), frame))
 
     def timer(self, key: str, state: Any, expiry_ms: int, ctx: Context) -> list:
-        return self.rows(self.window.on_timer(state, key, expiry_ms))
+        emitted = self.window.on_timer(state, key, expiry_ms)
+        for at in emitted.timers:  # the next timer a kind asks for when one fires
+            ctx.register_timer(at)
+        return self.rows(emitted)
 
 
 def _need(ctx: Context | None) -> Context:
@@ -213,6 +221,9 @@ class _WindowKind:
 
     def definition(self, aggregator: Aggregator) -> Any:
         raise NotImplementedError
+
+    def uses_timers(self) -> bool:
+        return self.timers
 
     def batch_form(self, window: Any) -> bool:
         return False
@@ -247,7 +258,7 @@ class _WindowKind:
             name=name,
             state=state,
             batch=batch,
-            on_timer=run.timer if self.timers else None,
+            on_timer=run.timer if self.uses_timers() else None,
             with_context=True,
             window=window,
             kind=self,
@@ -390,3 +401,48 @@ def count_windows(size: int, slide: int | None = None) -> CountWindowKind:
     message; its bounds are its messages' sequence numbers (`first_seq`, `last_seq`)."""
     CountWindows(Aggregator(create=int, add=lambda a, m: a), size, slide)  # check the sizes now
     return CountWindowKind(size, slide)
+
+
+@dataclass(frozen=True)
+class SessionWindowKind(_WindowKind):
+    state_class: ClassVar[type] = SessionState
+    default_name: ClassVar[str] = "session windows"
+
+    gap_ms: int = 0
+    event_time: Callable | None = None  # None: processing time
+    allowed_lateness_ms: int = 0
+    late: LatePolicy = LatePolicy.DROP
+    idle_close_ms: int | None = None
+
+    def definition(self, aggregator: Aggregator) -> SessionWindows:
+        return SessionWindows(aggregator, self.gap_ms, self.allowed_lateness_ms, self.late,
+                              processing_time=self.event_time is None, idle_close_ms=self.idle_close_ms)
+
+    def uses_timers(self) -> bool:
+        return self.event_time is None or self.idle_close_ms is not None
+
+    def process(self, window: SessionWindows, state, ctx: Context, msg) -> Emitted:
+        now = ctx.processing_time_ms
+        t = now if self.event_time is None else _to_ms(self.event_time(msg), "session_windows(event_time=...)")
+        return window.process(state, ctx.key, ctx.seq, t, msg, now_ms=now)
+
+
+def session_windows(gap_ms: int, *, event_time: str | Callable | None = None, allowed_lateness_ms: int = 0,
+                    late: str = "drop", idle_close_ms: int | None = None) -> SessionWindowKind:
+    """Per key, a session stays open while messages come less than `gap_ms` apart; `.over(aggregator)`
+    needs an aggregator with `merge` (a late message may bridge two sessions into one).
+
+    `event_time`: a field name or function of the message (epoch ms or a datetime): sessions close
+    (reason `watermark`) when the key's watermark (latest event time minus `allowed_lateness_ms`)
+    reaches their end (last message + gap); older messages are late (`late="drop"` or `"route"`, as
+    for event_time_windows). `idle_close_ms`: also close a key's sessions (reason `idle`) once it got
+    no message for that long by the wall clock (timers). `event_time=None`: processing time, sessions
+    close by a timer at their end (reason `timer`), also when no message comes."""
+    try:
+        policy = LatePolicy(late)
+    except ValueError:
+        raise ValueError(f"session_windows: late must be 'drop' or 'route', got {late!r}") from None
+    kind = SessionWindowKind(gap_ms, _reader("session_windows(event_time=...)", event_time), allowed_lateness_ms,
+                             policy, idle_close_ms)
+    kind.definition(Aggregator(create=int, add=lambda a, m: a, merge=lambda a, b: a))  # check now, not at .over()
+    return kind

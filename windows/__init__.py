@@ -4,6 +4,7 @@
 - `EventTimeWindows`: tumbling/sliding event-time windows, per-key watermark, late-data policy.
 - `WallClockWindows`: processing-time windows closed by timers.
 - `CountWindows`: tumbling and sliding windows of a key's message count.
+- `SessionWindows`: per key, sessions of messages within a gap (event or processing time).
 
 Each kind has a definition (frozen, a module constant) and a state class (kept in keyed state);
 `process(...)` returns an `Emitted` with the closed `WindowResult`s (each saying how it closed and
@@ -25,6 +26,7 @@ from windows.core import (
 )
 from windows.count import CountState, CountWindows, reference_count_windows
 from windows.event_time import EventTimeState, EventTimeWindows, LateEvent, LatePolicy
+from windows.session import SessionState, SessionWindows, reference_sessions
 from windows.triggers import DEFAULT_MARKER, TriggerState, TriggerWindows, is_marker
 from windows.wall_clock import WallClockState, WallClockWindows
 
@@ -40,6 +42,8 @@ __all__ = [
     "LateEvent",
     "LatePolicy",
     "OpenWindow",
+    "SessionState",
+    "SessionWindows",
     "TriggerState",
     "TriggerWindows",
     "WallClockState",
@@ -48,5 +52,6 @@ __all__ = [
     "counting",
     "is_marker",
     "reference_count_windows",
+    "reference_sessions",
     "window_result_schema",
 ]

@@ -22,6 +22,8 @@ class CloseReason(str, Enum):
     COUNT = "count"  # the window reached its message limit
     WATERMARK = "watermark"  # event time passed the window's end (allowed lateness included)
     TIMER = "timer"  # wall clock passed the window's end (processing-time timer)
+    IDLE = "idle"  # the key got no message for the window's idle timeout (wall clock)
+    END_OF_INPUT = "end_of_input"  # closed at the end of a finite input, when the run was asked to
 
     def __str__(self) -> str:
         return self.value
@@ -33,17 +35,21 @@ class Aggregator:
 
     `create()` makes an empty accumulator, `add(acc, msg)` folds one message and returns the
     accumulator. `add_frame(acc, frame)` (optional) folds a pandas DataFrame of messages at once for
-    batch state computations; it must agree with folding the rows one by one.
+    batch state computations; it must agree with folding the rows one by one. `merge(acc, acc)`
+    (optional; session windows need it) combines two accumulators into one, as if one had folded
+    both's messages.
     """
 
     create: Callable[[], Any]
     add: Callable[[Any, Any], Any]
     add_frame: Callable[[Any, Any], Any] | None = None
+    merge: Callable[[Any, Any], Any] | None = None
 
 
 def counting() -> Aggregator:
     """Counts messages (the accumulator is an int)."""
-    return Aggregator(create=int, add=lambda acc, _msg: acc + 1, add_frame=lambda acc, frame: acc + len(frame))
+    return Aggregator(create=int, add=lambda acc, _msg: acc + 1, add_frame=lambda acc, frame: acc + len(frame),
+                      merge=lambda a, b: a + b)
 
 
 @dataclass
