@@ -22,6 +22,15 @@ class CloseReason(str, Enum):
     COUNT = "count"  # the window reached its message limit
     WATERMARK = "watermark"  # event time passed the window's end (allowed lateness included)
     TIMER = "timer"  # wall clock passed the window's end (processing-time timer)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class QuietClose(str, Enum):
+    """How a window closed before its own trigger did, because its input went quiet (a close reason
+    too: `WindowResult.close_reason` is a CloseReason or a QuietClose, stored as the string)."""
+
     IDLE = "idle"  # the key got no message for the window's idle timeout (wall clock)
     END_OF_INPUT = "end_of_input"  # closed at the end of a finite input, when the run was asked to
 
@@ -76,7 +85,7 @@ class WindowResult:
 
     - `key`: the pipeline's key (whose window); `window_id`: `key/start_ms-end_ms` for time windows,
       `key/first_seq-last_seq` otherwise (unique per key and window);
-    - `close_reason`: how it closed (`CloseReason`, stored as its string value);
+    - `close_reason`: how it closed (`CloseReason` or `QuietClose`, stored as its string value);
     - `value`: the aggregator's accumulator;
     - `first_seq`/`last_seq`: the lowest and highest landing sequence numbers folded in (for trigger
       windows a contiguous run of the source's messages, markers excluded); `size`: messages folded in;
@@ -91,7 +100,7 @@ class WindowResult:
 
     key: str
     window_id: str
-    close_reason: CloseReason
+    close_reason: CloseReason | QuietClose
     value: Any
     first_seq: int
     last_seq: int
@@ -117,7 +126,7 @@ def window_result_schema(value_type, boundary_type=None):
     ])
 
 
-def close(key: str, window: OpenWindow, reason: CloseReason) -> WindowResult:
+def close(key: str, window: OpenWindow, reason: CloseReason | QuietClose) -> WindowResult:
     if window.start_ms is not None:
         window_id = f"{key}/{window.start_ms}-{window.end_ms}"
     else:

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from windows.core import Aggregator, CloseReason, Emitted, OpenWindow, WindowResult, close
+from windows.core import Aggregator, CloseReason, Emitted, OpenWindow, QuietClose, WindowResult, close
 from windows.event_time import LateEvent, LatePolicy
 
 
@@ -136,11 +136,11 @@ class SessionWindows:
             self._close_until(state, key, int(now_ms), out, CloseReason.TIMER)
         elif (self.idle_close_ms is not None and state.sessions and state.last_input_ms is not None
               and state.last_input_ms + self.idle_close_ms <= now_ms):
-            self.close_all(state, key, CloseReason.IDLE, out)
+            self.close_all(state, key, QuietClose.IDLE, out)
         self._ask_timer(state, out)
         return out
 
-    def close_all(self, state: SessionState, key: str, reason: CloseReason, out: Emitted | None = None) -> Emitted:
+    def close_all(self, state: SessionState, key: str, reason: CloseReason | QuietClose, out: Emitted | None = None) -> Emitted:
         """Close every open session (idle key, end of input); the watermark moves past them, so a
         message that would have joined one is late."""
         out = out if out is not None else Emitted()
@@ -156,7 +156,7 @@ class SessionWindows:
         return CloseReason.TIMER if self.processing_time else CloseReason.WATERMARK
 
     def _close_until(self, state: SessionState, key: str, watermark: int | None, out: Emitted,
-                     reason: CloseReason) -> None:
+                     reason: CloseReason | QuietClose) -> None:
         if watermark is None:
             return
         done = sorted((w for w in state.sessions if w.end_ms <= watermark), key=lambda w: (w.end_ms, w.start_ms))
