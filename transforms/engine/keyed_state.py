@@ -309,14 +309,14 @@ def _run_rows(out: _Rows, rows: _Input, lo: int, hi: int, states: dict, branches
                 frame["_stream"] = df["stream"].to_numpy()[i:j]
             else:
                 frame = pd.DataFrame.from_records([to_record(pickle.loads(m)) for m in msgs[i:j]])
-            ctx.seq = None
+            ctx.seq, ctx.row = None, None
             _run_batch(out, seqs, parts, branch_col, frame, i, j, sc, rest, states, fail_fast, ctx)
             i = j
             continue
         try:
             msg = pickle.loads(msgs[i])
             if sc is not None:
-                ctx.seq = seqs[i]
+                ctx.seq, ctx.row = seqs[i], (df, i)  # the row: its connection and receive time, read if asked
                 outs = call_user(sc.name, fail_fast, sc.apply, msg, _state_for(states, sc), ctx)
             else:
                 outs = [msg]
