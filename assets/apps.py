@@ -9,6 +9,7 @@ import re
 
 import dagster as dg
 
+from assets.freshness import stream_table_policy
 from assets.resources import EventideSettings, SparkResource
 from transforms import lake
 from transforms.api import Application, DeltaSink
@@ -57,9 +58,12 @@ def table_metadata(settings, table: str, reports: list[RunReport]) -> dict:
     }
 
 
-def application_assets(app: Application, deps: list, group: str) -> dg.AssetsDefinition:
-    """One asset per Delta sink table of `app`, all made by one run of the app's queries. An app
-    without a Delta sink (TCP only) is one asset named after it, so it still runs with the others."""
+def application_assets(app: Application, deps: list, group: str,
+                       freshness_minutes: float = 0.0) -> dg.AssetsDefinition:
+    """One asset per Delta sink table of `app`, all made by one run of the app's queries, each with the
+    freshness policy of a stream-fed table (assets/freshness.py): stale after the sink's
+    `freshness_minutes`, else after `freshness_minutes` (0: no policy). An app without a Delta sink (TCP
+    only) is one asset named after it, so it still runs with the others."""
     tables = [
         dg.AssetSpec(
             sink.table,
@@ -67,6 +71,8 @@ def application_assets(app: Application, deps: list, group: str) -> dg.AssetsDef
             group_name=group,
             kinds={"spark", "delta"},
             description=f"{app.description or app.name}: Delta table `{sink.table}` ({sink.mode}).",
+            freshness_policy=stream_table_policy(
+                freshness_minutes if sink.freshness_minutes is None else sink.freshness_minutes),
         )
         for sink in delta_sinks(app)
     ]

@@ -48,6 +48,13 @@ GROUP = log_app.name
 # end_offset=1: today's partition exists too (a marker may close a day before midnight UTC).
 DAILY = dg.DailyPartitionsDefinition(start_date=Settings().partitions_start, end_offset=1)
 
+# A day is summarized when its window closes, or by the clock once it is over plus the grace (the
+# hourly schedule): a summary older than a day, that grace and an hour means the logs or the automation
+# stopped. Warn after a day.
+DAY = dt.timedelta(days=1)
+SUMMARY_FRESHNESS = dg.FreshnessPolicy.time_window(
+    fail_window=DAY + dt.timedelta(hours=Settings().day_grace_hours + 1), warn_window=DAY)
+
 
 class SummaryConfig(dg.Config):
     recompute_from_bronze: bool = False
@@ -67,6 +74,7 @@ with warnings.catch_warnings():
         group_name=GROUP,
         kinds={"delta"},
         backfill_policy=dg.BackfillPolicy.single_run(),  # a backfill of many days is one run, not one per day
+        freshness_policy=SUMMARY_FRESHNESS,
     )
 
 

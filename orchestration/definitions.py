@@ -49,9 +49,9 @@ def load_dagster_defs(registered: RegisteredApp) -> dg.Definitions:
     return defs
 
 
-def app_definitions(registry: Registry, registered: RegisteredApp) -> dg.Definitions:
+def app_definitions(registry: Registry, registered: RegisteredApp, freshness_minutes: float = 0.0) -> dg.Definitions:
     app = registered.app
-    assets = application_assets(app, stream_deps(registry, app.streams()), dagster_name(app.name))
+    assets = application_assets(app, stream_deps(registry, app.streams()), dagster_name(app.name), freshness_minutes)
     return dg.Definitions(assets=[assets], asset_checks=sink_checks(app))
 
 
@@ -64,10 +64,13 @@ def _unpartitioned_keys(parts: list[dg.Definitions]) -> list[dg.AssetKey]:
     return keys
 
 
-def build_definitions(registry: Registry) -> dg.Definitions:
-    parts = [ingest_definitions(registry)]
+def build_definitions(registry: Registry, settings: Settings | None = None) -> dg.Definitions:
+    """Everything of the registered apps; `settings` (default: the environment's) give the tables fed by
+    streams their freshness policy (EVENTIDE_FRESHNESS_MINUTES)."""
+    freshness_minutes = (settings or Settings()).freshness_minutes
+    parts = [ingest_definitions(registry, freshness_minutes)]
     for r in registry.registered:
-        parts.append(app_definitions(registry, r))
+        parts.append(app_definitions(registry, r, freshness_minutes))
         if r.app.dagster_defs:
             parts.append(load_dagster_defs(r))
     # Everything that is not partitioned runs together: bronze, the apps, quarantine (and an app's

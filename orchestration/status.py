@@ -29,7 +29,15 @@ JSON (`--format json`): one object, keys in this order (`null` where there is no
                   "held_by": {"pid": int, "command": str, "since": str}|null,
                   "tcp_in_doubt": {sink: int} (TCP batches found in doubt: a sink's sender process stopped mid-send)}],
      "tables": [{"table": str, "version": int, "files": int (data files of the current version),
-                 "bytes": int (their size)}]}
+                 "bytes": int (their size),
+                 "freshness": "PASS"|"WARN"|"FAIL"|"UNKNOWN"|null (null: the table has no freshness policy),
+                 "last_materialized": ISO-8601 UTC|null, "seconds_since_materialized": float|null,
+                 "fail_after_seconds": float|null, "warn_after_seconds": float|null}]}
+
+Freshness is Dagster's judgement of the table's freshness policy (assets/freshness.py), made by the
+evaluator Dagster's freshness daemon uses, against the home's Dagster instance, at the current time:
+what the UI shows once that daemon (under `eventide ui`) has looked. FAIL (stale): nothing was
+materialized into the table for the policy's window; UNKNOWN: never materialized.
 """
 
 from __future__ import annotations
@@ -82,6 +90,11 @@ class TableStatus:
     version: int
     files: int
     bytes: int
+    freshness: str | None = None
+    last_materialized: str | None = None
+    seconds_since_materialized: float | None = None
+    fail_after_seconds: float | None = None
+    warn_after_seconds: float | None = None
 
 
 @dataclass
@@ -155,13 +168,36 @@ def compute_status(settings: Settings, now: float | None = None) -> Status:
 
 
 def table_status(settings: Settings) -> list[TableStatus]:
-    """Each Delta table of the home: its version, and the files and bytes upkeep keeps in check."""
+    """Each Delta table of the home: its version, the files and bytes upkeep keeps in check, and its
+    freshness as Dagster judges it."""
     out = []
-    for folder in sorted(settings.lake.iterdir()) if settings.lake.is_dir() else []:
-        found = lake.table_files(folder) if lake.exists(folder) else None
-        if found is not None:
-            out.append(TableStatus(folder.name, found.version, found.files, found.bytes))
+    folders = [f for f in sorted(settings.lake.iterdir()) if lake.exists(f)] if settings.lake.is_dir() else []
+    fresh = table_freshness(settings) if folders else {}
+    for folder in folders:
+        found = lake.table_files(folder)
+        if found is None:
+            continue
+        f = fresh.get(folder.name)
+        out.append(TableStatus(folder.name, found.version, found.files, found.bytes) if f is None else
+                   TableStatus(folder.name, found.version, found.files, found.bytes, f.state,
+                               _iso(f.last_materialized * 1_000_000 if f.last_materialized else None),
+                               None if f.age_seconds is None else round(f.age_seconds, 3),
+                               f.fail_after_seconds, f.warn_after_seconds))
     return out
+
+
+def table_freshness(settings: Settings) -> dict:
+    """Dagster's freshness judgement of every asset with a policy (assets.freshness.judge_freshness),
+    against the home's Dagster instance (none yet: nothing was ever materialized, all UNKNOWN)."""
+    import dagster as dg
+
+    from assets.freshness import judge_freshness
+    from orchestration.definitions import build_definitions
+
+    defs = build_definitions(settings.registry, settings)
+    home = settings.dagster_home
+    with (dg.DagsterInstance.from_config(str(home)) if home.is_dir() else dg.DagsterInstance.ephemeral()) as instance:
+        return judge_freshness(defs, instance)
 
 
 def _size(n: int) -> str:
@@ -179,6 +215,23 @@ def _holder(h: dict | None) -> str:
 
 def _seconds(q: QueryStatus) -> str:
     return "-" if not q.lag_messages else f"{q.lag_seconds:.1f}"
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds >= 600 else f"{seconds / 60:.1f} min"
+
+
+_FRESHNESS_WORDS = {"PASS": "fresh", "WARN": "warn", "FAIL": "STALE", "UNKNOWN": "unknown"}
+
+
+def _freshness(t: TableStatus) -> str:
+    if t.freshness is None:
+        return "-"
+    word = _FRESHNESS_WORDS.get(t.freshness, t.freshness)
+    if t.seconds_since_materialized is None:
+        return f"{word} (never materialized)"
+    return (f"{word} (data {_minutes(max(t.seconds_since_materialized, 0.0))} ago; "
+            f"stale after {_minutes(t.fail_after_seconds or 0.0)})")
 
 
 def format_status(status: Status, fmt: str = "table", settings: Settings | None = None) -> str:
@@ -200,8 +253,9 @@ def format_status(status: Status, fmt: str = "table", settings: Settings | None 
                     for q in status.queries], left=(0, 1, 5))
     if status.tables:
         lines.append("")
-        lines += grid(["TABLE", "VERSION", "FILES", "SIZE"],
-                       [[t.table, t.version, t.files, _size(t.bytes)] for t in status.tables])
+        lines += grid(["TABLE", "VERSION", "FILES", "SIZE", "FRESHNESS"],
+                       [[t.table, t.version, t.files, _size(t.bytes), _freshness(t)] for t in status.tables],
+                       left=(0, 4))
     doubts = [f"  {q.query}, TCP sink {sink}: {n} batch(es), listed in {q.checkpoint}/tcp-{sink}.in-doubt"
               for q in status.queries for sink, n in q.tcp_in_doubt.items()]
     if doubts:
@@ -210,5 +264,6 @@ def format_status(status: Status, fmt: str = "table", settings: Settings | None 
     lines.append("")
     lines.append("LAG: its messages not processed (open ones too); LAG SECONDS: age of the oldest of them. "
                  "RUN BY: who holds the query's lock. FILES: data files of a table's current version "
-                 "(`eventide upkeep` compacts them).")
+                 "(`eventide upkeep` compacts them). FRESHNESS: Dagster's judgement of the table's freshness "
+                 "policy (STALE: no data within its window, EVENTIDE_FRESHNESS_MINUTES).")
     return "\n".join(lines) + "\n"

@@ -345,11 +345,17 @@ class DeltaSink:
     partition_by: Sequence[str] = ()
     # Checks on the table, run after every materialization as blocking Dagster asset checks.
     checks: Sequence[Check] = ()
+    # Stale (Dagster's freshness policy) after this many minutes without data; None: EVENTIDE_FRESHNESS_MINUTES;
+    # 0: no policy (a table written only now and then, like rejections, or once a day, like closed windows).
+    freshness_minutes: float | None = None
 
     def __post_init__(self) -> None:
         for c in self.checks:
             if not isinstance(c, Check):
                 raise TypeError(f"DeltaSink {self.table!r}: checks take Check objects (see transforms.api.check), got {c!r}")
+        if self.freshness_minutes is not None and self.freshness_minutes != 0 and not self.freshness_minutes >= 1:
+            raise ValueError(f"DeltaSink {self.table!r}: freshness_minutes must be 0 (no freshness policy) or at least 1 "
+                             f"(Dagster's shortest freshness window), got {self.freshness_minutes!r}")
         if self.mode not in ("append", "upsert"):
             raise ValueError(f"DeltaSink {self.table!r}: mode must be 'append' or 'upsert', got {self.mode!r}")
         if self.mode == "upsert" and not self.keys:

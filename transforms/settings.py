@@ -100,6 +100,10 @@ class Settings:
     # Daily summaries
     partitions_start: str = "2004-03-01"
     day_grace_hours: float = 6.0
+    # Freshness (Dagster's policy on each bronze and app table, judged by the UI and `eventide status`):
+    # a table is stale once it has received nothing for this many minutes; 0 = no policy. At least 1
+    # (Dagster's floor for a freshness window).
+    freshness_minutes: float = 60.0
     # A registry given as an object (the testing helper) instead of loaded from `apps`.
     app_registry: object = field(default=None, compare=False, repr=False)
 
@@ -198,6 +202,9 @@ class Settings:
             raise ConfigError("EVENTIDE_MAX_FRAME_BYTES must be positive")
         if self.spark_shuffle_partitions <= 0:
             raise ConfigError("EVENTIDE_SPARK_SHUFFLE_PARTITIONS must be positive")
+        if self.freshness_minutes and not self.freshness_minutes >= 1:
+            raise ConfigError(f"EVENTIDE_FRESHNESS_MINUTES={self.freshness_minutes}: must be 0 (no freshness policy) "
+                              "or at least 1 (Dagster's shortest freshness window)")
         if self.spark_remote:
             raise ConfigError(CONNECT_REFUSED.format(url=self.spark_remote))
         if self.vacuum_hours < 0 or self.upkeep_minutes < 0:
