@@ -320,24 +320,32 @@ class EventTimeWindowKind(_WindowKind):
     event_time: Callable | None = None
     allowed_lateness_ms: int = 0
     late: LatePolicy = LatePolicy.DROP
+    idle_close_ms: int | None = None
 
     def definition(self, aggregator: Aggregator) -> EventTimeWindows:
-        return EventTimeWindows(aggregator, self.size_ms, self.slide_ms, self.allowed_lateness_ms, self.late)
+        return EventTimeWindows(aggregator, self.size_ms, self.slide_ms, self.allowed_lateness_ms, self.late,
+                                self.idle_close_ms)
+
+    def uses_timers(self) -> bool:
+        return self.idle_close_ms is not None
 
     def process(self, window: EventTimeWindows, state, ctx: Context, msg) -> Emitted:
         event_ms = _to_ms(self.event_time(msg), "event_time_windows(event_time=...)")
-        return window.process(state, ctx.key, ctx.seq, event_ms, msg)
+        return window.process(state, ctx.key, ctx.seq, event_ms, msg, now_ms=ctx.processing_time_ms)
 
 
 def event_time_windows(size_ms: int, slide_ms: int | None = None, *, event_time: str | Callable,
-                       allowed_lateness_ms: int = 0, late: str = "drop") -> EventTimeWindowKind:
+                       allowed_lateness_ms: int = 0, late: str = "drop",
+                       idle_close_ms: int | None = None) -> EventTimeWindowKind:
     """Tumbling (`slide_ms` None) or sliding windows `[start, start + size_ms)` of event time.
 
     `event_time`: a field name or function giving the message's time (epoch ms or a datetime). Each key
     keeps its own watermark, its max event time minus `allowed_lateness_ms`; a window closes (reason
     `watermark`) as soon as the watermark passes its end, in the same micro-batch. A message older than
     the watermark is late: `late="drop"` counts it in the state, `late="route"` outputs it as a
-    `windows.LateEvent` (give it a sink with `accepts=LateEvent`).
+    `windows.LateEvent` (give it a sink with `accepts=LateEvent`). `idle_close_ms`: a key that got no
+    message for that long by the wall clock closes every open window (reason `idle`, by a timer), so
+    the last windows of a quiet key or a finished input close without later events.
     """
     if event_time is None:
         raise ValueError("event_time_windows: event_time=... (a field name or a function of the message) is required")
@@ -346,7 +354,7 @@ def event_time_windows(size_ms: int, slide_ms: int | None = None, *, event_time:
     except ValueError:
         raise ValueError(f"event_time_windows: late must be 'drop' or 'route', got {late!r}") from None
     kind = EventTimeWindowKind(size_ms, slide_ms, _reader("event_time_windows(event_time=...)", event_time),
-                               allowed_lateness_ms, policy)
+                               allowed_lateness_ms, policy, idle_close_ms)
     kind.definition(Aggregator(create=int, add=lambda a, m: a))  # check the sizes now, not at .over()
     return kind
 

@@ -18,6 +18,9 @@ mode. The per-key watermark here moves with the key's own data and closes window
 price is that a key that stops receiving data keeps its last windows open. `advance(state, key,
 watermark_ms)` closes windows from an outside clock: Spark's watermark when the query defines one
 (`ctx.watermark_ms` of the state computation's context) or a processing-time timer (see windows.wall_clock).
+With `idle_close_ms`, a key that got no message for that long of processing time closes every open
+window (reason `idle`) by a timer, and its watermark moves past them: the last windows of a quiet key
+or a finished input close without later events. The state keeps one pending timer at a time.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from windows.core import Aggregator, CloseReason, Emitted, OpenWindow, close
+from windows.core import Aggregator, CloseReason, Emitted, OpenWindow, QuietClose, close
 
 
 class LatePolicy(str, Enum):
@@ -47,6 +50,10 @@ class LateEvent:
 
 class EventTimeState:
     """Keyed state: open windows by start, the key's max event time and late-message count."""
+
+    # Idle close (class defaults: a state pickled before they existed reads them as None).
+    last_input_ms: int | None = None  # processing time of the key's last message
+    timer_ms: int | None = None  # the pending timer this state asked for
 
     def __init__(self) -> None:
         self.windows: dict[int, OpenWindow] = {}
@@ -72,8 +79,11 @@ class EventTimeWindows:
     slide_ms: int | None = None
     allowed_lateness_ms: int = 0
     late_policy: LatePolicy = LatePolicy.DROP
+    idle_close_ms: int | None = None  # close a key's windows after this long without a message (wall clock)
 
     def __post_init__(self) -> None:
+        if self.idle_close_ms is not None and (not isinstance(self.idle_close_ms, int) or self.idle_close_ms <= 0):
+            raise ValueError(f"idle_close_ms must be a positive int, got {self.idle_close_ms!r}")
         if self.size_ms <= 0:
             raise ValueError(f"size_ms must be positive, got {self.size_ms}")
         if self.slide_ms is not None and not 0 < self.slide_ms <= self.size_ms:
@@ -92,9 +102,9 @@ class EventTimeWindows:
         first = last - ((self.size_ms - 1) // self.slide) * self.slide
         return [s for s in range(first, last + 1, self.slide) if s <= event_ms < s + self.size_ms]
 
-    def process(self, state: EventTimeState, key: str, seq: int, event_ms: int, msg: Any) -> Emitted:
-        """Fold `msg` (event time `event_ms`) into its windows, or treat it as late; close what the
-        key's watermark passed."""
+    def process(self, state: EventTimeState, key: str, seq: int, event_ms: int, msg: Any, now_ms: int = 0) -> Emitted:
+        """Fold `msg` (event time `event_ms`, received at processing time `now_ms`) into its windows, or
+        treat it as late; close what the key's watermark passed."""
         out = Emitted()
         event_ms = int(event_ms)
         wm = state.watermark(self.allowed_lateness_ms)
@@ -111,8 +121,42 @@ class EventTimeWindows:
             w.value = self.aggregator.add(w.value, msg)
             w.add_seq_range(seq, seq, 1)
         state.max_event_ms = event_ms if state.max_event_ms is None else max(state.max_event_ms, event_ms)
+        state.last_input_ms = int(now_ms)
         self._close_until(state, key, state.watermark(self.allowed_lateness_ms), out)
+        self._ask_timer(state, out)
         return out
+
+    def on_timer(self, state: EventTimeState, key: str, now_ms: int) -> Emitted:
+        """The idle timer fired at `now_ms`: a key quiet for `idle_close_ms` closes every open window
+        (reason `idle`) and its watermark moves past them; a key that got messages since asks again."""
+        out = Emitted()
+        if state.timer_ms is not None and state.timer_ms <= now_ms:
+            state.timer_ms = None
+        if (self.idle_close_ms is not None and state.windows and state.last_input_ms is not None
+                and state.last_input_ms + self.idle_close_ms <= now_ms):
+            self.close_all(state, key, QuietClose.IDLE, out)
+        self._ask_timer(state, out)
+        return out
+
+    def close_all(self, state: EventTimeState, key: str, reason: CloseReason | QuietClose,
+                  out: Emitted | None = None) -> Emitted:
+        """Close every open window (in order of end); the watermark moves to the last end, so a
+        message for a closed window is late."""
+        out = out if out is not None else Emitted()
+        if state.windows:
+            end = max(w.end_ms for w in state.windows.values())
+            state.external_watermark_ms = max(end, state.external_watermark_ms or end)
+            for start in sorted(state.windows, key=lambda s: (state.windows[s].end_ms, s)):
+                out.windows.append(close(key, state.windows.pop(start), reason))
+        return out
+
+    def _ask_timer(self, state: EventTimeState, out: Emitted) -> None:
+        if self.idle_close_ms is None or not state.windows or state.last_input_ms is None:
+            return
+        due = state.last_input_ms + self.idle_close_ms
+        if state.timer_ms is None or due < state.timer_ms:
+            state.timer_ms = due
+            out.timers.append(due)
 
     def advance(self, state: EventTimeState, key: str, watermark_ms: int) -> Emitted:
         """Move the key's watermark to at least `watermark_ms` (an outside clock) and close windows."""
