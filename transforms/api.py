@@ -539,6 +539,33 @@ def kafka_position(seq: int) -> tuple[int, int]:
 
 
 @dataclass(frozen=True)
+class KafkaRecord:
+    """Where a Kafka-sourced message came from: its record's `key` (as text, UTF-8; None: no key),
+    `partition`, `offset` and `timestamp_ms` (the record's timestamp, ms since the epoch)."""
+
+    key: str | None
+    partition: int
+    offset: int
+    timestamp_ms: int | None
+
+
+def kafka_record(ctx: Context) -> KafkaRecord:
+    """The Kafka record of the message a state computation is called with (`f(message, state, ctx)`),
+    from what the message carries: its `seq` (partition and offset), `connection` (the key) and receive
+    time (the record's timestamp). One-message form only: a batch form has the `_seq` column
+    (`kafka_position`), and `on_timer` has no message. Only for a pipeline made with `kafka_source`: a
+    landed message has no record (its seq would read as partition 0)."""
+    if not isinstance(ctx, Context):
+        raise TypeError(f"kafka_record(ctx): expected the Context a state computation gets as its third "
+                        f"parameter (f(message, state, ctx)), got {type(ctx).__name__}")
+    if ctx.seq is None:
+        raise ValueError(f"kafka_record(ctx) for key {ctx.key!r}: no message here (a batch form or on_timer); in "
+                         "a batch form, kafka_position(seq) gives each `_seq`'s partition and offset")
+    partition, offset = kafka_position(ctx.seq)
+    return KafkaRecord(ctx.connection, partition, offset, ctx.receive_time_ms)
+
+
+@dataclass(frozen=True)
 class Merged:
     """Keyed pipelines sharing one keyed state; each branch keeps its own steps.
 
@@ -638,6 +665,9 @@ class Context:
     - `watermark_ms`: Spark's event-time watermark (0: the query defines none);
     - `seq`: the landing sequence number of the message (one-message form; None in batch form and
       in `on_timer`, where a batch's messages carry theirs in the `_seq` column);
+    - `connection`, `receive_time_ms`: the message's connection and receive time in ms (a Kafka-sourced
+      message: its record's key and timestamp; `kafka_record(ctx)` gives the whole record); None where
+      `seq` is;
     - `register_timer(at_ms)`: call the state computation's `on_timer(key, state, at_ms[, ctx])` once
       processing time reaches `at_ms`. Only for state computations declared with `on_timer`.
 
@@ -655,6 +685,25 @@ class Context:
     watermark_ms: int = 0
     seq: int | None = None
     handle: Any = field(default=None, repr=False, compare=False)  # Spark's processor handle, for timers
+    # The engine's input frame and the message's position in it: `connection` and `receive_time_ms` are
+    # read from it only when asked (most calls never ask). Tests may give a one-row frame.
+    row: tuple[Any, int] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def connection(self) -> str | None:
+        if self.row is None:
+            return None
+        frame, i = self.row
+        value = frame["connection"].iat[i]
+        return value if isinstance(value, str) else None  # None, or pandas' NaN for a missing one
+
+    @property
+    def receive_time_ms(self) -> int | None:
+        if self.row is None:
+            return None
+        frame, i = self.row
+        value = frame["receive_time"].iat[i]
+        return None if value is None or value != value else value.value // 1_000_000  # a Timestamp's ns; NaT != NaT
 
     def register_timer(self, at_ms: int) -> None:
         """Call `on_timer` of the state computation when processing time reaches `at_ms` (ms)."""

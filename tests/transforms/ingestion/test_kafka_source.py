@@ -1,7 +1,8 @@
 """Kafka as an app's source (issue K, item 3): the README's example (a topic of two partitions ->
 a running volume per symbol -> a Kafka sink) run as written, against a real broker (`eventide kafka`) and
-real Spark: each record once, each key in its partition's order, a bad record in quarantine with its exact
-bytes (also when a later step failed), and a second run reads only what is new. No mocks."""
+real Spark: each record once, each key in its partition's order, the key, partition, offset and timestamp
+a state computation gets from `kafka_record(ctx)` exactly the record's, a bad record in quarantine with its
+exact bytes (also when a later step failed), and a second run reads only what is new. No mocks."""
 
 from __future__ import annotations
 
@@ -31,17 +32,29 @@ def readme_example(servers: str, trades: str, volumes: str) -> dict:
     return scope
 
 
-def produce(servers: str, topic: str, records: list[tuple[str, bytes]]) -> None:
+TIMESTAMP_MS = 1_700_000_000_000  # the records' own timestamps: this plus their index
+
+
+def produce(servers: str, topic: str, records: list[tuple[str, bytes]], partitions: int = 2) -> dict[bytes, tuple]:
+    """Produce the records with timestamps of their own; each value's (key, partition, offset, timestamp ms)
+    as Kafka acknowledged it."""
     from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient, NewTopic
 
     admin = AdminClient({"bootstrap.servers": servers})
     if topic not in admin.list_topics(timeout=10).topics:
-        admin.create_topics([NewTopic(topic, num_partitions=2, replication_factor=1)])[topic].result(30)
+        admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])[topic].result(30)
     producer = Producer({"bootstrap.servers": servers, "acks": "all", "enable.idempotence": True})
-    for key, value in records:
-        producer.produce(topic, key=key.encode(), value=value)
+    where = {}
+
+    def delivered(err, msg):
+        assert err is None, err
+        where[msg.value()] = (msg.key().decode(), msg.partition(), msg.offset(), msg.timestamp()[1])
+
+    for i, (key, value) in enumerate(records):
+        producer.produce(topic, key=key.encode(), value=value, timestamp=TIMESTAMP_MS + i, on_delivery=delivered)
     assert producer.flush(30) == 0
+    return where
 
 
 def test_the_readme_example_reads_a_topic_of_two_partitions_and_writes_a_topic(spark, settings, broker):
@@ -51,7 +64,7 @@ def test_the_readme_example_reads_a_topic_of_two_partitions_and_writes_a_topic(s
     app = example["app"]
     first = [("AA", b"AA,100"), ("BB", b"BB,5"), ("AA", b"AA,20"), ("CC", b"CC,x"), ("BB", b"BB,-1"),
              ("CC", b"CC,7"), ("AA", b"AA,1")]
-    produce(servers, trades, first)
+    produced = produce(servers, trades, first)
     (plan,) = plan_queries(app, settings)
     assert plan.origin is not None and not nothing_new(plan, settings)
     run_application(spark, app, settings)
@@ -60,16 +73,22 @@ def test_the_readme_example_reads_a_topic_of_two_partitions_and_writes_a_topic(s
     def volumes_by_symbol() -> dict[str, list[tuple[int, int, int]]]:
         got: dict[str, list] = {}
         for key, value in committed_records(servers, volumes):
-            symbol, volume, at = value.decode().split()
+            symbol, volume, record_key, at, ms = value.decode().split()
             assert key == symbol.encode()
             partition, offset = map(int, at.split(":"))
             got.setdefault(symbol, []).append((int(volume), partition, offset))
+            records.append((record_key, partition, offset, int(ms)))
         return got
 
+    records: list[tuple] = []
     out = volumes_by_symbol()
     assert {s: [v for v, _, _ in rows] for s, rows in out.items()} == {"AA": [100, 120, 121], "BB": [5], "CC": [7]}
     for rows in out.values():  # a key: one partition, in its offsets' order
         assert len({p for _, p, _ in rows}) == 1 and [o for _, _, o in rows] == sorted(o for _, _, o in rows)
+    # kafka_record(ctx): each output's key, partition, offset and timestamp are its record's, as Kafka has them
+    good = [b"AA,100", b"BB,5", b"AA,20", b"CC,7", b"AA,1"]
+    assert sorted(records) == sorted(produced[v] for v in good)
+    assert {r[3] for r in records} == {TIMESTAMP_MS + first.index((v.decode()[:2], v)) for v in good}
 
     # The bad records: the decoder's (`CC,x`) and the state computation's (`BB,-1`, quarantined after the
     # keyed step: its bytes read back from the topic), each with its exact value and its record's place.
@@ -81,12 +100,14 @@ def test_the_readme_example_reads_a_topic_of_two_partitions_and_writes_a_topic(s
     partition, offset = kafka_position(bad[b"BB,-1"]["seq"])
     assert partition == out["BB"][0][1] and offset > out["BB"][0][2]
 
-    produce(servers, trades, [("BB", b"BB,10"), ("DD", b"DD,3")])
+    records.clear()
+    more = produce(servers, trades, [("BB", b"BB,10"), ("DD", b"DD,3")])
     assert not nothing_new(plan, settings)
     run_application(spark, app, settings)  # only the new records
     out = volumes_by_symbol()
     assert {s: [v for v, _, _ in rows] for s, rows in out.items()} == {
         "AA": [100, 120, 121], "BB": [5, 15], "CC": [7], "DD": [3]}
+    assert sorted(records) == sorted([*(produced[v] for v in good), *more.values()])
 
 
 def test_a_kafka_source_is_not_merged_with_another_source(settings):
