@@ -52,6 +52,7 @@ from windows import (
     TriggerWindows,
     WallClockState,
     WallClockWindows,
+    early_results,
 )
 
 __all__ = [
@@ -157,14 +158,23 @@ class WindowComputation(StateComputation):
     window: Any = None
     kind: Any = None  # the _WindowKind that built it
     outputs: Callable | None = None
+    early_every: int | None = None
 
     def emit(self, fn: Callable[[Any], Any]) -> WindowComputation:
         """Map each closed window (`WindowResult`) to its output rows: one object, a list, or None."""
-        return self.kind.build(self.window, self.name, self.state, fn, self.batch)
+        return self.kind.build(self.window, self.name, self.state, fn, self.batch, self.early_every)
 
     def one_message(self) -> WindowComputation:
         """The same step, one message at a time: the reference its batch form must equal."""
-        return self.kind.build(self.window, self.name, self.state, self.outputs, batch=False)
+        return self.kind.build(self.window, self.name, self.state, self.outputs, False, self.early_every)
+
+    def early(self, every: int) -> WindowComputation:
+        """Also output each open window's running aggregate every `every` messages it folds in, as a
+        `WindowResult` with `final=False` (and `close_reason` None), before its one final result. A
+        window that closes on such a message gives only the final. Runs one message at a time."""
+        if not isinstance(every, int) or isinstance(every, bool) or every < 1:
+            raise ValueError(f"{self.name}: early(every=...) must be a positive int (messages), got {every!r}")
+        return self.kind.build(self.window, self.name, self.state, self.outputs, False, every)
 
 
 @dataclass(frozen=True)
@@ -174,6 +184,7 @@ class _Run:
     kind: Any
     window: Any
     outputs: Callable | None
+    early_every: int | None = None
 
     def rows(self, emitted: Emitted) -> list:
         out: list = []
@@ -193,6 +204,8 @@ class _Run:
         emitted = self.kind.process(self.window, state, _need(ctx), msg)
         for at in emitted.timers:
             ctx.register_timer(at)
+        if self.early_every is not None:  # after the finals: a window closed by this message has none
+            emitted.windows.extend(early_results(ctx.key, self.window.open_windows(state), self.early_every))
         return self.rows(emitted)
 
     def frame(self, frame: pd.DataFrame, state: Any, ctx: Context) -> list:
@@ -251,8 +264,8 @@ class _WindowKind:
         window = self.definition(aggregator)
         return self.build(window, name or self.default_name, state, outputs, self.batch_form(window))
 
-    def build(self, window, name, state, outputs, batch) -> WindowComputation:
-        run = _Run(self, window, outputs)
+    def build(self, window, name, state, outputs, batch, early_every=None) -> WindowComputation:
+        run = _Run(self, window, outputs, early_every)
         return WindowComputation(
             fn=run.frame if batch else run.one,
             name=name,
@@ -263,6 +276,7 @@ class _WindowKind:
             window=window,
             kind=self,
             outputs=outputs,
+            early_every=early_every,
         )
 
 

@@ -23,6 +23,7 @@ from windows.core import (
     QuietClose,
     WindowResult,
     counting,
+    early_results,
     window_result_schema,
 )
 from windows.count import CountState, CountWindows, reference_count_windows
@@ -52,6 +53,7 @@ __all__ = [
     "WallClockWindows",
     "WindowResult",
     "counting",
+    "early_results",
     "is_marker",
     "reference_count_windows",
     "reference_sessions",

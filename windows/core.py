@@ -8,6 +8,7 @@ the window *definition* (trigger settings, aggregator) as a module-level constan
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
@@ -72,6 +73,7 @@ class OpenWindow:
     boundary: Any = None  # trigger windows: the boundary value (day) of its messages
     start_ms: int | None = None  # time windows: [start_ms, end_ms)
     end_ms: int | None = None
+    early_marks: int = 0  # early results: size // every at the last partial result emitted
 
     def add_seq_range(self, first: int, last: int, n: int) -> None:
         self.first_seq = first if self.first_seq is None else min(self.first_seq, first)
@@ -85,7 +87,8 @@ class WindowResult:
 
     - `key`: the pipeline's key (whose window); `window_id`: `key/start_ms-end_ms` for time windows,
       `key/first_seq-last_seq` otherwise (unique per key and window);
-    - `close_reason`: how it closed (`CloseReason` or `QuietClose`, stored as its string value);
+    - `close_reason`: how it closed (`CloseReason` or `QuietClose`, stored as its string value; None
+      for an early result: the window is still open);
     - `value`: the aggregator's accumulator;
     - `first_seq`/`last_seq`: the lowest and highest landing sequence numbers folded in (for trigger
       windows a contiguous run of the source's messages, markers excluded); `size`: messages folded in;
@@ -126,7 +129,7 @@ def window_result_schema(value_type, boundary_type=None):
     ])
 
 
-def close(key: str, window: OpenWindow, reason: CloseReason | QuietClose) -> WindowResult:
+def close(key: str, window: OpenWindow, reason: CloseReason | QuietClose | None) -> WindowResult:
     if window.start_ms is not None:
         window_id = f"{key}/{window.start_ms}-{window.end_ms}"
     else:
@@ -143,6 +146,19 @@ def close(key: str, window: OpenWindow, reason: CloseReason | QuietClose) -> Win
         start_ms=window.start_ms,
         end_ms=window.end_ms,
     )
+
+
+def early_results(key: str, windows, every: int) -> list[WindowResult]:
+    """Partial results (`final=False`, `close_reason` None) of the open `windows` whose message count
+    reached a new multiple of `every` since their last one: the running aggregate every `every`
+    messages. (A merge of sessions may pass several multiples at once: one partial for them.)"""
+    out = []
+    for w in windows:
+        marks = w.size // every
+        if marks > w.early_marks:
+            w.early_marks = marks
+            out.append(dataclasses.replace(close(key, w, None), final=False))
+    return out
 
 
 @dataclass

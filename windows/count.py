@@ -90,6 +90,9 @@ class CountWindows:
         self._close_full(state, key, out)
         return out
 
+    def open_windows(self, state: CountState) -> list[OpenWindow]:
+        return [state.windows[s] for s in sorted(state.windows)]
+
     # -- helpers ------------------------------------------------------------------------------
     def _open(self, state: CountState, start: int) -> OpenWindow:
         w = state.windows.get(start)

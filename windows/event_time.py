@@ -150,6 +150,9 @@ class EventTimeWindows:
                 out.windows.append(close(key, state.windows.pop(start), reason))
         return out
 
+    def open_windows(self, state: EventTimeState) -> list[OpenWindow]:
+        return [state.windows[s] for s in sorted(state.windows)]
+
     def _ask_timer(self, state: EventTimeState, out: Emitted) -> None:
         if self.idle_close_ms is None or not state.windows or state.last_input_ms is None:
             return

@@ -150,6 +150,9 @@ class SessionWindows:
             self._close_until(state, key, end, out, reason)
         return out
 
+    def open_windows(self, state: SessionState) -> list[OpenWindow]:
+        return list(state.sessions)
+
     # -- helpers ------------------------------------------------------------------------------
     @property
     def _reason(self) -> CloseReason:

@@ -140,6 +140,9 @@ class TriggerWindows:
             if self.max_count is not None and w.size >= self.max_count:
                 self._close(state, key, CloseReason.COUNT, out)
 
+    def open_windows(self, state: TriggerState) -> list[OpenWindow]:
+        return [state.open] if state.open is not None and state.open.size else []
+
     # -- helpers ------------------------------------------------------------------------------
     def _open(self, state: TriggerState, boundary: Hashable) -> OpenWindow:
         if state.open is None:

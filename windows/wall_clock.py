@@ -51,6 +51,9 @@ class WallClockWindows:
         w.add_seq_range(seq, seq, 1)
         return out
 
+    def open_windows(self, state: WallClockState) -> list[OpenWindow]:
+        return [state.open] if state.open is not None else []
+
     def on_timer(self, state: WallClockState, key: str, now_ms: int) -> Emitted:
         """Close the open window if its end is due at `now_ms` (a timer's expiry or the current time)."""
         out = Emitted()
