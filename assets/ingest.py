@@ -1,10 +1,12 @@
-"""Landing (external), one bronze asset per registered stream, and the quarantine table."""
+"""Landing (external), one bronze asset per registered stream, the Kafka topics apps read straight
+(external: kafka_source), and the quarantine table."""
 
 import dagster as dg
 
 from assets.apps import application_assets
 from assets.resources import EventideSettings
 from transforms import lake
+from transforms.api import KafkaTopic
 from transforms.engine import QUARANTINE_TABLE
 from transforms.registry import Registry, StreamSpec
 from transforms.streams import bronze_application
@@ -26,13 +28,32 @@ def landing_spec(spec: StreamSpec) -> dg.AssetSpec:
     )
 
 
+def kafka_source_key(stream: str) -> dg.AssetKey:
+    return dg.AssetKey(f"kafka_{stream}")
+
+
+def kafka_source_spec(stream: str, topic: KafkaTopic) -> dg.AssetSpec:
+    """A kafka_source's topic: written outside Eventide, read by the apps' queries (no landing, no bronze)."""
+    return dg.AssetSpec(
+        kafka_source_key(stream),
+        group_name=GROUP,
+        kinds={"kafka"},
+        description=f"Kafka topic `{topic.topic}` at {topic.bootstrap}, read as stream `{stream}` (kafka_source; "
+        f"starting offsets {topic.starting_offsets}).",
+        metadata={"topic": topic.topic, "bootstrap": topic.bootstrap, "starting_offsets": topic.starting_offsets},
+    )
+
+
 def bronze_assets(spec: StreamSpec, freshness_minutes: float = 0.0) -> dg.AssetsDefinition:
     return application_assets(bronze_application(spec), [landing_key(spec.name)], GROUP, freshness_minutes)
 
 
 def stream_deps(registry: Registry, streams: list[str]) -> list[dg.AssetKey]:
-    """What an app reading `streams` is downstream of: their landing and their bronze tables."""
-    return [landing_key(s) for s in streams] + [dg.AssetKey(registry.stream(s).bronze_table) for s in streams]
+    """What an app reading `streams` is downstream of: their landing and their bronze tables, or the Kafka
+    topic a kafka_source reads."""
+    landed = [s for s in streams if s not in registry.kafka_sources]
+    return ([landing_key(s) for s in landed] + [dg.AssetKey(registry.stream(s).bronze_table) for s in landed]
+            + [kafka_source_key(s) for s in streams if s in registry.kafka_sources])
 
 
 def quarantine_asset(registry: Registry) -> dg.AssetsDefinition:
@@ -63,4 +84,5 @@ def ingest_definitions(registry: Registry, freshness_minutes: float = 0.0) -> dg
     no policy), and quarantine (no policy: it receives only bad input)."""
     streams = list(registry.streams.values())
     return dg.Definitions(assets=[*map(landing_spec, streams), *(bronze_assets(s, freshness_minutes) for s in streams),
+                                  *(kafka_source_spec(*t) for t in registry.kafka_sources.items()),
                                   quarantine_asset(registry)])

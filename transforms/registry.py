@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from transforms.api import Application, Decoder, DeltaSink, Merged
+from transforms.api import Application, Decoder, DeltaSink, KafkaTopic, Merged
 from transforms.errors import ConfigError
 
 DEFAULT_APPS = ("examples.logs:app", "examples.market:app", "examples.words:app")
@@ -90,7 +90,9 @@ class Registry:
     def __init__(self, apps: Sequence[RegisteredApp]):
         self.registered = tuple(apps)
         self.streams: dict[str, StreamSpec] = {}
+        self.kafka_sources: dict[str, KafkaTopic] = {}  # a kafka_source's stream -> the topic it reads
         self._derive()
+        self._derive_kafka_sources()
 
     # -- derivation -----------------------------------------------------------------------------
     def _derive(self) -> None:
@@ -172,6 +174,30 @@ class Registry:
             )
         self._check_tables()
 
+    def _derive_kafka_sources(self) -> None:
+        """The streams read straight from a Kafka topic (kafka_source): not landed, so not in `streams`. A
+        name is one stream: landed or read from one topic, not both."""
+        where: dict[str, str] = {}
+        for r in self.registered:
+            for src in r.app.sources():
+                if src.origin is None:
+                    continue
+                at = f"app {r.app.name!r} (module {r.module})"
+                if src.stream in self.streams:
+                    raise AppLoadError(
+                        f"stream {src.stream!r} is read from Kafka topic {src.origin.topic!r} by {at} and landed by "
+                        f"{', '.join(self.streams[src.stream].apps)} (source(...)): one name is one stream; rename "
+                        "the kafka_source's stream"
+                    )
+                seen = self.kafka_sources.get(src.stream)
+                if seen is not None and seen != src.origin:
+                    raise AppLoadError(
+                        f"stream {src.stream!r} reads {seen.topic!r} at {seen.bootstrap} ({where[src.stream]}) and "
+                        f"{src.origin.topic!r} at {src.origin.bootstrap} ({at}): one name is one stream; rename one"
+                    )
+                self.kafka_sources.setdefault(src.stream, src.origin)
+                where.setdefault(src.stream, at)
+
     def _check_tables(self) -> None:
         writers: dict[str, str] = {t: "Eventide itself" for t in RESERVED_TABLES}
         for spec in self.streams.values():
@@ -208,6 +234,13 @@ class Registry:
         try:
             return self.streams[name]
         except KeyError:
+            if name in self.kafka_sources:
+                topic = self.kafka_sources[name]
+                raise ConfigError(
+                    f"stream {name!r} is read from Kafka topic {topic.topic!r} at {topic.bootstrap} (kafka_source): "
+                    "it is not landed (no gateway port, no landing log, no bronze table); produce its records to "
+                    "that topic instead"
+                ) from None
             known = ", ".join(sorted(self.streams)) or "none"
             raise ConfigError(
                 f"unknown stream {name!r}; the registered apps ({', '.join(self.entries) or 'none'}) declare: {known}. "
