@@ -7,6 +7,9 @@ the query plans and locks) does, eagerly, but only the Python package: no JVM st
   the landing log's closed segments and open journals, and what each query's file source has
   processed up to its last committed batch (read from its checkpoint); or a Kafka topic's end offset
   and the offset each query's checkpoint has committed.
+- A topic an app reads straight (kafka_source) and its queries' progress come from
+  transforms/ingestion/kafka_source.py (`topics_status`): the end offset of each of its partitions, and
+  the offsets each query's checkpoint has committed.
 - Whether `eventide serve` runs on this home (`gateway.json`), and who holds each query's lock.
 
 JSON (`--format json`): one object, keys in this order (`null` where there is nothing):
@@ -18,7 +21,8 @@ JSON (`--format json`): one object, keys in this order (`null` where there is no
                "messages": int (closed segments; Kafka: held by the topic), "last_seq": int|null (closed),
                "open": int (in open journals), "open_last_seq": int|null,
                "topic": str|null, "end_offset": int|null (Kafka: the next offset to be written),
-               "error": str|null (Kafka: the topic could not be read)}],
+               "error": str|null (Kafka: the topic could not be read),
+               kind "kafka_source" only: "bootstrap": str, "end_offsets": {partition: int}}],
      "queries": [{"query": str, "app": str, "log": str, "streams": [str], "checkpoint": str,
                   "last_committed_batch": int|null, "processed_segments": int,
                   "processed_last_seq": int|null (null: processed nothing yet),
@@ -27,7 +31,8 @@ JSON (`--format json`): one object, keys in this order (`null` where there is no
                   "lag_seconds": float (now - receive time of the oldest of them; 0.0 when none),
                   "oldest_unprocessed": ISO-8601 UTC|null,
                   "held_by": {"pid": int, "command": str, "since": str}|null,
-                  "tcp_in_doubt": {sink: int} (TCP batches found in doubt: a sink's sender process stopped mid-send)}],
+                  "tcp_in_doubt": {sink: int} (TCP batches found in doubt: a sink's sender process stopped mid-send),
+                  "processed_offsets": {partition: int}|null (kafka_source: the next offset per partition it reads)}],
      "tables": [{"table": str, "version": int, "files": int (data files of the current version),
                  "bytes": int (their size),
                  "freshness": "PASS"|"WARN"|"FAIL"|"UNKNOWN"|null (null: the table has no freshness policy),
@@ -50,6 +55,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from transforms import lake
+from transforms.ingestion.kafka_source import KafkaTopicLog, format_topics, topics_status
 from transforms.ingestion.log import LogStatus, Progress, grid, open_log
 from transforms.settings import Settings
 
@@ -82,6 +88,7 @@ class QueryStatus:
     oldest_unprocessed: str | None = None
     held_by: dict | None = None
     tcp_in_doubt: dict[str, int] = field(default_factory=dict)
+    processed_offsets: dict[int, int] | None = None
 
 
 @dataclass
@@ -152,6 +159,7 @@ def query_status(settings: Settings, plan, progress: Progress, now: float) -> Qu
         held_by=None if holder is None else {k: holder.get(k) for k in ("pid", "command", "since")},
         tcp_in_doubt={f.name[len("tcp-"):-len(".in-doubt")]: len(f.read_text().splitlines())
                       for f in sorted(checkpoint.glob("tcp-*.in-doubt"))},
+        processed_offsets=getattr(progress, "processed_offsets", None),
     )
 
 
@@ -159,7 +167,9 @@ def compute_status(settings: Settings, now: float | None = None) -> Status:
     """The status of the home's logs and queries (`now`: seconds since the epoch, for the lag)."""
     now = time.time() if now is None else now
     plans = query_plans(settings)
-    logs, progress = open_log(settings).status(plans, now)
+    logs, progress = open_log(settings).status([p for p in plans if p.origin is None], now)
+    topics, read = topics_status(settings, [p for p in plans if p.origin is not None], now)
+    logs, progress = logs + topics, {**progress, **read}
     queries = [query_status(settings, p, progress[p.name], now) for p in plans]
     return Status(
         home=str(settings.home.absolute()), generated_at=_iso(now * 1_000_000), serve=serve_status(settings),
@@ -213,6 +223,12 @@ def _holder(h: dict | None) -> str:
     return "-" if not h else f"{h.get('command') or 'a process'} (pid {h.get('pid', '?')})"
 
 
+def _processed(q: QueryStatus):
+    if q.processed_offsets is None:
+        return q.processed_last_seq
+    return " ".join(f"{p}:{o}" for p, o in sorted((int(p), o) for p, o in q.processed_offsets.items()))
+
+
 def _seconds(q: QueryStatus) -> str:
     return "-" if not q.lag_messages else f"{q.lag_seconds:.1f}"
 
@@ -246,10 +262,13 @@ def format_status(status: Status, fmt: str = "table", settings: Settings | None 
         serve = "not running"
     lines = [f"home: {status.home}", f"eventide serve: {serve}", ""]
     settings = settings if settings is not None else Settings(home=Path(status.home))
-    lines += open_log(settings).format_logs(status.logs)
+    lines += open_log(settings).format_logs([g for g in status.logs if g.kind != KafkaTopicLog.kind])
+    topics = [g for g in status.logs if g.kind == KafkaTopicLog.kind]
+    if topics:
+        lines += ["", *format_topics(topics)]
     lines.append("")
     lines += grid(["QUERY", "LOG", "PROCESSED TO", "LAG", "LAG SECONDS", "RUN BY"],
-                   [[q.query, q.log, q.processed_last_seq, q.lag_messages, _seconds(q), _holder(q.held_by)]
+                   [[q.query, q.log, _processed(q), q.lag_messages, _seconds(q), _holder(q.held_by)]
                     for q in status.queries], left=(0, 1, 5))
     if status.tables:
         lines.append("")

@@ -183,7 +183,7 @@ def test_cli_json_shape_a_running_serve_and_lock_holders(settings, monkeypatch, 
     bronze, words = doc["queries"]
     assert list(bronze) == ["query", "app", "log", "streams", "checkpoint", "last_committed_batch",
                             "processed_segments", "processed_last_seq", "processed_offset", "lag_messages", "lag_seconds",
-                            "oldest_unprocessed", "held_by", "tcp_in_doubt"]
+                            "oldest_unprocessed", "held_by", "tcp_in_doubt", "processed_offsets"]
     assert bronze["tcp_in_doubt"] == {}
     assert bronze["checkpoint"] == str((settings.checkpoints / "bronze_text" / "v1").absolute())
     progress = [bronze[k] for k in ("log", "last_committed_batch", "processed_last_seq", "lag_messages")]
