@@ -46,32 +46,45 @@ the Wallaroo length header.
 An app defined in a test file runs the same way; its functions travel to Spark's Python workers by
 value, so what they use must pickle (a `struct` format string, not a `struct.Struct`).
 
-Each run has its own home: fresh landing log, checkpoints, state and tables, so runs never see each
-other's messages. A plan error (a bad pipeline) or a user function's error under `fail_fast=True`
+An app that reads a Kafka topic (`kafka_source`) or writes one (`KafkaSink`) needs a broker: pass
+`kafka="HOST:PORT"` (in this repository's tests, the `broker` fixture of
+tests/transforms/ingestion/conftest.py; elsewhere `transforms.kafka_broker.start_broker`, or any broker the
+test may create topics on). Each kafka_source stream's messages are then produced, in the given order, to a
+fresh topic of one partition there, which the app reads instead of its own (a message may be a `(key,
+value)` pair: the record's key); each Kafka sink produces to a fresh topic there, and its records (as a
+`read_committed` consumer sees them) are its outputs: `result.outputs(name)` the values,
+`result.kafka[name]` the (key, value) pairs. The app's own topics are never touched.
+
+Each run has its own home: fresh landing log, checkpoints, state and tables (and fresh topics), so runs
+never see each other's messages. A plan error (a bad pipeline) or a user function's error under `fail_fast=True`
 propagates unchanged.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 import shutil
 import socket
 import tempfile
 import threading
+import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 
 from transforms import lake
-from transforms.api import Application, DeltaSink, Merged, Pipeline, TCPSink
+from transforms.api import Application, DeltaSink, KafkaSink, KafkaTopic, Merged, Pipeline, TCPSink
 from transforms.settings import Settings
 
 CONNECTION = "run_app"  # the landing `connection` of every message run_app lands
 QUARANTINE_COLUMNS = ("stream", "seq", "step", "reason", "payload")
 
-Messages = Mapping[str, Iterable[bytes | str]] | Iterable[tuple[str, bytes | str]]
+Payload = bytes | str | tuple[bytes | str | None, bytes | str]  # a pair: (key, value) of a Kafka record
+Messages = Mapping[str, Iterable[Payload]] | Iterable[tuple[str, Payload]]
 
 
 @dataclass
@@ -88,33 +101,41 @@ class AppResult:
     quarantine: list[dict]
     reports: list = field(default_factory=list)  # the engine's RunReport per query
     home: Path | None = None  # the run's home, kept only with keep=True
+    kafka: dict[str, list[tuple[bytes | None, bytes]]] = field(default_factory=dict)  # Kafka sink: (key, value)s
 
     def outputs(self, name: str) -> list:
-        """A sink's outputs by name: a Delta sink's rows (dicts), or a TCP sink's messages (bytes)."""
+        """A sink's outputs by name: a Delta sink's rows (dicts), or a TCP or Kafka sink's messages (bytes)."""
         if name in self.tables:
             return self.tables[name].to_pylist()
         if name in self.tcp:
             return list(self.tcp[name])
-        known = sorted(self.tables) + sorted(self.tcp)
+        if name in self.kafka:
+            return [value for _, value in self.kafka[name]]
+        known = sorted(self.tables) + sorted(self.tcp) + sorted(self.kafka)
         raise KeyError(f"no sink {name!r} in this run; its sinks are: {', '.join(known) or 'none'}")
 
 
 def run_app(app: Application, messages: Messages, settings: Settings | None = None, spark=None,
-            pipeline: int | str | None = None, keep: bool = False) -> AppResult:
+            pipeline: int | str | None = None, keep: bool = False, kafka: str | None = None) -> AppResult:
     """Land `messages`, run `app` on them (all of them, trigger availableNow) and return its outputs.
 
     `settings`: options for the run (e.g. `fail_fast=True`); its home and registered apps are replaced
     by a temporary home and `app` itself. `spark`: the SparkSession (default: the process's shared one).
     `pipeline`: run only this pipeline of `app` (its index, or the name given with `.named(...)`).
-    `keep=True`: keep the temporary home (`result.home`) to look at afterwards.
+    `keep=True`: keep the temporary home (`result.home`) to look at afterwards. `kafka`: a broker
+    ("HOST:PORT") for an app with a kafka_source or a KafkaSink (see the module's docstring); without it
+    such a source stops the run with a ValueError saying so.
     """
     from transforms.engine import QUARANTINE_TABLE, run_application
     from transforms.registry import registry_of
 
     if not isinstance(app, Application):
         raise TypeError(f"run_app: expected an Application, got {type(app).__name__}")
+    run_id = uuid.uuid4().hex[:8]
+    app, topics = _on_fresh_topics(app, kafka, run_id)
     target = _select(app, pipeline)
-    landed = _normalize(messages, target)
+    pairs = _normalize(messages, target, set(topics))
+    landed = [(stream, payload) for stream, payload in pairs if stream not in topics]
     # The whole app is registered, so a stream declared by one pipeline is known to all of them.
     registry = registry_of([app])
     home = Path(tempfile.mkdtemp(prefix=f"eventide-{app.name}-"))
@@ -123,19 +144,25 @@ def run_app(app: Application, messages: Messages, settings: Settings | None = No
     listeners: dict[str, _Listener] = {}
     try:
         _land(run_settings, landed)
+        if topics:
+            _produce(kafka, topics, [(stream, payload) for stream, payload in pairs if stream in topics])
         if spark is None:
             spark = _shared_spark(run_settings)
         listeners = {s.name: _Listener() for s in target.sinks() if isinstance(s, TCPSink)}
+        sink_topics = ({s.name: f"run_app.{_topic_part(s.name)}.{run_id}" for s in target.sinks()
+                        if isinstance(s, KafkaSink)} if kafka else {})
         reports = run_application(spark, _framing_every_tcp_sink(target), run_settings,
-                                  tcp_addresses={n: lst.address for n, lst in listeners.items()})
+                                  tcp_addresses={**{n: lst.address for n, lst in listeners.items()},
+                                                 **{n: f"kafka://{kafka}/{t}" for n, t in sink_topics.items()}})
         tcp = {n: lst.messages() for n, lst in listeners.items()}
+        records = {n: _committed_records(kafka, t) for n, t in sink_topics.items()}
         tables = {s.table: _read_sink(run_settings, s) for s in target.sinks() if isinstance(s, DeltaSink)}
         qpath = run_settings.table_path(QUARANTINE_TABLE)
         quarantine = []
         if lake.exists(qpath):
             rows = lake.read(qpath, columns=QUARANTINE_COLUMNS).sort_by([("seq", "ascending")])
             quarantine = rows.to_pylist()
-        return AppResult(tables, tcp, quarantine, reports, home if keep else None)
+        return AppResult(tables, tcp, quarantine, reports, home if keep else None, records)
     finally:
         for lst in listeners.values():
             lst.close()
@@ -170,8 +197,9 @@ def _describe(p: Pipeline | Merged) -> str:
     return f"{p.name!r} on {p.stream!r}" if p.name else f"on {p.stream!r}"
 
 
-def _normalize(messages: Messages, app: Application) -> list[tuple[str, bytes]]:
-    """(stream, payload bytes) in arrival order; TypeError/ValueError on anything else."""
+def _normalize(messages: Messages, app: Application, kafka_streams: set[str] = frozenset()) -> list[tuple[str, Any]]:
+    """(stream, payload bytes) in arrival order, (stream, (key bytes | None, value bytes)) for a record of a
+    kafka_source stream given as a pair; TypeError/ValueError on anything else."""
     if isinstance(messages, Mapping):
         pairs = []
         for stream, payloads in messages.items():
@@ -194,6 +222,15 @@ def _normalize(messages: Messages, app: Application) -> list[tuple[str, bytes]]:
         if stream not in streams:
             raise ValueError(f"run_app: app {app.name!r} reads no stream {stream!r} (message {i}); "
                              f"it reads: {', '.join(streams)}")
+        if isinstance(payload, tuple) and stream in kafka_streams:
+            if len(payload) != 2:
+                raise TypeError(f"run_app: message {i} on {stream!r} is a tuple of {len(payload)}; a Kafka record is "
+                                "a (key, value) pair")
+            key, value = (_as_bytes(v, i, stream) if v is not None else None for v in payload)
+            if value is None:
+                raise TypeError(f"run_app: message {i} on {stream!r} has no value; a Kafka record is (key, value)")
+            out.append((stream, (key, value)))
+            continue
         if isinstance(payload, str):
             payload = payload.encode("utf-8")
         elif isinstance(payload, (bytearray, memoryview)):
@@ -203,6 +240,90 @@ def _normalize(messages: Messages, app: Application) -> list[tuple[str, bytes]]:
                             "payloads are bytes or str")
         out.append((stream, payload))
     return out
+
+
+def _as_bytes(v, i: int, stream: str) -> bytes:
+    if isinstance(v, str):
+        return v.encode("utf-8")
+    if isinstance(v, (bytes, bytearray, memoryview)):
+        return bytes(v)
+    raise TypeError(f"run_app: message {i} on {stream!r}: a Kafka record's key and value are bytes or str, "
+                    f"got {type(v).__name__}")
+
+
+def _topic_part(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "_", name)
+
+
+def _on_fresh_topics(app: Application, kafka: str | None, run_id: str) -> tuple[Application, dict[str, str]]:
+    """The app with each kafka_source reading a fresh topic of this run on `kafka`, and those topics by
+    stream; ValueError naming the stream and topic when the app reads Kafka and no broker is given."""
+    sourced = [b for b in app.sources() if b.origin is not None]
+    if not sourced:
+        return app, {}
+    if not kafka:
+        b = sourced[0]
+        raise ValueError(
+            f"run_app: app {app.name!r} reads stream {b.stream!r} from Kafka topic {b.origin.topic!r} (kafka_source): "
+            "pass kafka='HOST:PORT' of a broker run_app may create topics on (in tests, e.g. the `broker` fixture "
+            "of tests/transforms/ingestion/conftest.py or transforms.kafka_broker.start_broker); the messages are "
+            "produced to a fresh topic there, the app's own topic is not touched"
+        )
+    topics = {b.stream: f"run_app.{_topic_part(app.name)}.{b.stream}.{run_id}" for b in sourced}
+
+    def fresh(p):
+        if isinstance(p, Pipeline) and p.origin is not None:
+            return dataclasses.replace(p, origin=KafkaTopic(topics[p.stream], kafka, "earliest"))
+        return p
+
+    return (Application(app.name, *map(fresh, app.pipelines), generation=app.generation, description=app.description,
+                        quarantine_landing_errors=app.quarantine_landing_errors), topics)
+
+
+def _produce(servers: str, topics: dict[str, str], records: list[tuple[str, Any]]) -> None:
+    """Each record to its stream's topic (made here, one partition: the given order), all acknowledged."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": servers})
+    for done in admin.create_topics([NewTopic(t, num_partitions=1, replication_factor=1)
+                                     for t in topics.values()]).values():
+        done.result(30)
+    producer = Producer({"bootstrap.servers": servers, "acks": "all", "enable.idempotence": True})
+    for stream, payload in records:
+        key, value = payload if isinstance(payload, tuple) else (None, payload)
+        producer.produce(topics[stream], key=key, value=value)
+    if producer.flush(30):
+        raise RuntimeError(f"run_app: Kafka at {servers} did not acknowledge every message in 30 s")
+
+
+def _committed_records(servers: str, topic: str) -> list[tuple[bytes | None, bytes]]:
+    """Every (key, value) record of a sink's topic a read_committed consumer sees, partition by partition
+    ([] if the sink produced nothing, so made no topic)."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": servers, "group.id": f"run_app-{uuid.uuid4().hex[:8]}",
+                         "enable.auto.commit": False, "enable.partition.eof": True,
+                         "isolation.level": "read_committed"})
+    try:
+        meta = consumer.list_topics(topic, timeout=30).topics.get(topic)
+        partitions = sorted(meta.partitions) if meta is not None and meta.error is None else []
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
+        got: dict[int, list] = {p: [] for p in partitions}
+        ended: set[int] = set()
+        while len(ended) < len(partitions):
+            msg = consumer.poll(30.0)
+            if msg is None:
+                raise RuntimeError(f"run_app: Kafka sink topic {topic!r} at {servers} was not read to its end in 30 s")
+            if msg.error() is not None:
+                if msg.error().code() != KafkaError._PARTITION_EOF:
+                    raise RuntimeError(f"run_app: reading Kafka sink topic {topic!r} at {servers}: {msg.error()}")
+                ended.add(msg.partition())
+                continue
+            got[msg.partition()].append((msg.key(), msg.value()))
+        return [r for p in partitions for r in got[p]]
+    finally:
+        consumer.close()
 
 
 def _land(settings: Settings, messages: list[tuple[str, bytes]]) -> None:

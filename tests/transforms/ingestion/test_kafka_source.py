@@ -7,6 +7,7 @@ exact bytes (also when a later step failed), and a second run reads only what is
 from __future__ import annotations
 
 import re
+import time
 import uuid
 
 import pytest
@@ -32,7 +33,9 @@ def readme_example(servers: str, trades: str, volumes: str) -> dict:
     return scope
 
 
-TIMESTAMP_MS = 1_700_000_000_000  # the records' own timestamps: this plus their index
+# The records' own timestamps: this plus their index. Recent: the broker deletes records whose timestamps are
+# older than its retention (7 days), and then a reader finds its offsets out of range.
+TIMESTAMP_MS = (int(time.time()) - 3600) * 1000
 
 
 def produce(servers: str, topic: str, records: list[tuple[str, bytes]], partitions: int = 2) -> dict[bytes, tuple]:
@@ -120,3 +123,26 @@ def test_a_kafka_source_is_not_merged_with_another_source(settings):
                       .to_sink(example["app"].pipelines[0].sinks[0]))
     with pytest.raises(ValueError, match="a Kafka topic has no one order with another source"):
         plan_queries(app, settings)
+
+
+def test_run_app_feeds_a_kafka_source_from_a_fresh_topic_and_reads_back_the_kafka_sink(spark, broker):
+    """run_app with kafka=HOST:PORT: the messages (a (key, value) pair for a keyed record) go to a fresh topic
+    of one partition, the app reads that instead of its own, and the Kafka sink's committed records are its
+    outputs; without a broker it says how to give one."""
+    from transforms.testing import run_app
+
+    app = readme_example("127.0.0.1:9", "not-touched-in", "not-touched-out")["app"]  # nothing listens there
+    with pytest.raises(ValueError, match=r"reads stream 'trades' from Kafka topic 'not-touched-in' \(kafka_source\): "
+                                         r"pass kafka='HOST:PORT'"):
+        run_app(app, {"trades": ["AA,1"]}, spark=spark)
+
+    before = time.time() * 1000
+    result = run_app(app, {"trades": [("AA", "AA,100"), ("BB", b"BB,5"), ("AA", "AA,20"), ("CC", "CC,x")]},
+                     spark=spark, kafka=broker.bootstrap_servers)
+    after = time.time() * 1000
+    got = [(key, value.decode().rsplit(" ", 1)) for key, value in result.kafka["volumes"]]
+    assert [(key, text) for key, (text, _) in got] == [(b"AA", "AA 100 AA 0:0"), (b"BB", "BB 5 BB 0:1"),
+                                                        (b"AA", "AA 120 AA 0:2")]
+    assert all(before - 1000 <= int(ms) <= after for _, (_, ms) in got)  # the records' producer timestamps
+    assert result.outputs("volumes") == [value for _, value in result.kafka["volumes"]]
+    assert [(r["payload"], r["step"]) for r in result.quarantine] == [(b"CC,x", "decoder decode_trade")]
