@@ -52,6 +52,7 @@ from windows import (
     TriggerWindows,
     WallClockState,
     WallClockWindows,
+    early_changed,
     early_results,
 )
 
@@ -159,22 +160,30 @@ class WindowComputation(StateComputation):
     kind: Any = None  # the _WindowKind that built it
     outputs: Callable | None = None
     early_every: int | None = None
+    early_every_ms: int | None = None
 
     def emit(self, fn: Callable[[Any], Any]) -> WindowComputation:
         """Map each closed window (`WindowResult`) to its output rows: one object, a list, or None."""
-        return self.kind.build(self.window, self.name, self.state, fn, self.batch, self.early_every)
+        return self.kind.build(self.window, self.name, self.state, fn, self.batch, self.early_every,
+                               self.early_every_ms)
 
     def one_message(self) -> WindowComputation:
         """The same step, one message at a time: the reference its batch form must equal."""
-        return self.kind.build(self.window, self.name, self.state, self.outputs, False, self.early_every)
+        return self.kind.build(self.window, self.name, self.state, self.outputs, False, self.early_every,
+                               self.early_every_ms)
 
-    def early(self, every: int) -> WindowComputation:
-        """Also output each open window's running aggregate every `every` messages it folds in, as a
-        `WindowResult` with `final=False` (and `close_reason` None), before its one final result. A
-        window that closes on such a message gives only the final. Runs one message at a time."""
-        if not isinstance(every, int) or isinstance(every, bool) or every < 1:
-            raise ValueError(f"{self.name}: early(every=...) must be a positive int (messages), got {every!r}")
-        return self.kind.build(self.window, self.name, self.state, self.outputs, False, every)
+    def early(self, every: int | None = None, every_ms: int | None = None) -> WindowComputation:
+        """Also output each open window's running aggregate before its one final result, as a
+        `WindowResult` with `final=False` (and `close_reason` None): every `every` messages it folds in
+        (a window that closes on such a message gives only the final), and/or every `every_ms` of
+        wall clock while it is open, if it folded messages since its last one (timers). Runs one
+        message at a time."""
+        for name, value in (("every", every), ("every_ms", every_ms)):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ValueError(f"{self.name}: early({name}=...) must be a positive int, got {value!r}")
+        if every is None and every_ms is None:
+            raise ValueError(f"{self.name}: early() needs every=N (messages) or every_ms=T (wall clock), or both")
+        return self.kind.build(self.window, self.name, self.state, self.outputs, False, every, every_ms)
 
 
 @dataclass(frozen=True)
@@ -185,6 +194,7 @@ class _Run:
     window: Any
     outputs: Callable | None
     early_every: int | None = None
+    early_every_ms: int | None = None
 
     def rows(self, emitted: Emitted) -> list:
         out: list = []
@@ -206,13 +216,25 @@ class _Run:
             ctx.register_timer(at)
         if self.early_every is not None:  # after the finals: a window closed by this message has none
             emitted.windows.extend(early_results(ctx.key, self.window.open_windows(state), self.early_every))
+        if self.early_every_ms is not None and getattr(state, "early_timer_ms", None) is None \
+                and self.window.open_windows(state):  # one pending early-results timer per key
+            state.early_timer_ms = ctx.processing_time_ms + self.early_every_ms
+            ctx.register_timer(state.early_timer_ms)
         return self.rows(emitted)
 
     def frame(self, frame: pd.DataFrame, state: Any, ctx: Context) -> list:
         return self.rows(self.kind.process_frame(self.window, state, _need(ctx), frame))
 
     def timer(self, key: str, state: Any, expiry_ms: int, ctx: Context) -> list:
-        emitted = self.window.on_timer(state, key, expiry_ms)
+        own = getattr(self.window, "on_timer", None)  # the kind's timers (trigger and count windows have none)
+        emitted = own(state, key, expiry_ms) if own is not None else Emitted()
+        pending = getattr(state, "early_timer_ms", None)
+        if self.early_every_ms is not None and pending is not None and pending <= expiry_ms:
+            state.early_timer_ms = None  # after the kind's own closes: a closed window has no partial
+            emitted.windows.extend(early_changed(key, self.window.open_windows(state)))
+            if self.window.open_windows(state):
+                state.early_timer_ms = expiry_ms + self.early_every_ms
+                emitted.timers.append(state.early_timer_ms)
         for at in emitted.timers:  # the next timer a kind asks for when one fires
             ctx.register_timer(at)
         return self.rows(emitted)
@@ -264,19 +286,20 @@ class _WindowKind:
         window = self.definition(aggregator)
         return self.build(window, name or self.default_name, state, outputs, self.batch_form(window))
 
-    def build(self, window, name, state, outputs, batch, early_every=None) -> WindowComputation:
-        run = _Run(self, window, outputs, early_every)
+    def build(self, window, name, state, outputs, batch, early_every=None, early_every_ms=None) -> WindowComputation:
+        run = _Run(self, window, outputs, early_every, early_every_ms)
         return WindowComputation(
             fn=run.frame if batch else run.one,
             name=name,
             state=state,
             batch=batch,
-            on_timer=run.timer if self.uses_timers() else None,
+            on_timer=run.timer if self.uses_timers() or early_every_ms is not None else None,
             with_context=True,
             window=window,
             kind=self,
             outputs=outputs,
             early_every=early_every,
+            early_every_ms=early_every_ms,
         )
 
 

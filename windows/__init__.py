@@ -23,6 +23,7 @@ from windows.core import (
     QuietClose,
     WindowResult,
     counting,
+    early_changed,
     early_results,
     window_result_schema,
 )
@@ -53,6 +54,7 @@ __all__ = [
     "WallClockWindows",
     "WindowResult",
     "counting",
+    "early_changed",
     "early_results",
     "is_marker",
     "reference_count_windows",

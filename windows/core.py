@@ -74,6 +74,7 @@ class OpenWindow:
     start_ms: int | None = None  # time windows: [start_ms, end_ms)
     end_ms: int | None = None
     early_marks: int = 0  # early results: size // every at the last partial result emitted
+    early_size: int = 0  # early results by time: size at the last partial result emitted
 
     def add_seq_range(self, first: int, last: int, n: int) -> None:
         self.first_seq = first if self.first_seq is None else min(self.first_seq, first)
@@ -157,6 +158,17 @@ def early_results(key: str, windows, every: int) -> list[WindowResult]:
         marks = w.size // every
         if marks > w.early_marks:
             w.early_marks = marks
+            out.append(dataclasses.replace(close(key, w, None), final=False))
+    return out
+
+
+def early_changed(key: str, windows) -> list[WindowResult]:
+    """Partial results (`final=False`) of the open `windows` that folded messages since their last
+    partial: what an early-results timer outputs (an unchanged window gives none)."""
+    out = []
+    for w in windows:
+        if w.size > w.early_size:
+            w.early_size = w.size
             out.append(dataclasses.replace(close(key, w, None), final=False))
     return out
 

@@ -102,3 +102,63 @@ def test_an_early_result_then_the_final_one_in_the_table(spark):
     assert [(r["window_id"], r["value"], r["final"], r["close_reason"], r["first_seq"], r["last_seq"])
             for r in result.outputs("early_windows")] == [("s/0-10", 2, False, None, 1, 2),
                                                            ("s/0-10", 3, True, "watermark", 1, 3)]
+
+
+def test_a_timer_gives_partials_only_of_windows_that_changed():
+    from windows import OpenWindow, early_changed
+
+    grown, same = OpenWindow(["a", "b"], 1, 2, 2, start_ms=0, end_ms=10), OpenWindow(["c"], 3, 3, 1, start_ms=10, end_ms=20)
+    same.early_size = 1  # its partial was given at one message already
+    assert brief(early_changed("k", [grown, same])) == [("k/0-10", ["a", "b"], False, None)]
+    assert early_changed("k", [grown, same]) == []  # nothing new since: no partial
+
+
+def test_early_by_time_gives_the_step_timers():
+    plain = event_time_windows(10, event_time="t").over(collect())
+    assert plain.on_timer is None and plain.early(every=2).on_timer is None
+    assert plain.early(every_ms=500).on_timer is not None
+    with pytest.raises(ValueError, match=r"early\(\) needs every=N"):
+        plain.early()
+
+
+def early_by_time_app():
+    from transforms.api import Application, DeltaSink, decoder, source
+    from windows import counting
+
+    @decoder
+    def reading(payload: bytes) -> dict:  # b"sensor,ms"
+        sensor, ms = payload.decode().split(",")
+        return {"sensor": sensor, "ms": int(ms)}
+
+    step = event_time_windows(10, event_time="ms").over(counting()).early(every_ms=1)
+    return Application("early_by_time", source("readings", decoder=reading).key_by("sensor").to(step)
+                       .to_sink(DeltaSink("early_by_time", schema=window_result_schema(pa.int64()))))
+
+
+@pytest.mark.spark
+def test_an_early_result_by_the_clock_then_the_final_one(spark, settings):
+    from pyspark import cloudpickle
+
+    from tests.conftest import land
+    from transforms import lake
+    from transforms.engine import run_application
+    from transforms.registry import registry_of
+    from transforms.settings import Settings
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    app = early_by_time_app()
+    settings = Settings(home=settings.home, app_registry=registry_of([app]))
+
+    def rows():
+        return sorted((r["window_id"], r["value"], r["final"], r["close_reason"])  # a window's partials first
+                      for r in lake.read(settings.table_path("early_by_time")).to_pylist())
+
+    land(settings, "readings", [b"s,1", b"s,2"])
+    # The early timer is due 1 ms after the batch that folded them: it fires in the run's next batch
+    # (each run with timers ends with one without new messages), and then in every batch after it.
+    run_application(spark, app, settings)
+    assert rows() == [("s/0-10", 2, False, None)]  # once: later timers find the window unchanged
+    land(settings, "readings", [b"s,3", b"s,15"])  # 15 closes [0, 10) by the watermark and opens [10, 20)
+    run_application(spark, app, settings)
+    # The batch's messages come before its timers: [0, 10) closed (final), [10, 20)'s first partial.
+    assert rows() == [("s/0-10", 2, False, None), ("s/0-10", 3, True, "watermark"), ("s/10-20", 1, False, None)]
