@@ -6,13 +6,14 @@
         .to_sink(DeltaSink("windows", accepts=WindowResult))
 
 A window kind (`trigger_windows`, `count_windows`, `event_time_windows`, `session_windows`,
-`wall_clock_windows`) says when windows
-close; `.over(aggregator)` (a `windows.Aggregator`: `create()`, `add(acc, msg)`, optional
-`add_frame(acc, df)`) says what they hold, and returns a `WindowComputation`: a state computation
-like any other (`.to()` takes it after `key_by`), whose state is the key's open windows and whose
-outputs are the closed windows as `windows.WindowResult`s. `.emit(fn)` (or `over(..., outputs=fn)`)
-maps each closed window to output rows instead (one object, a list, or None); late messages of
-event-time windows with `late="route"` are output as `windows.LateEvent`s as they are.
+`wall_clock_windows`) says when windows close; `.over(aggregator)` (a `windows.Aggregator`:
+`create()`, `add(acc, msg)`, optional `add_frame(acc, df)` and `merge(acc, acc)`) says what they hold,
+and returns a `WindowComputation`: a state computation like any other (`.to()` takes it after
+`key_by`), whose state is the key's open windows and whose outputs are the closed windows as
+`windows.WindowResult`s. `.emit(fn)` (or `over(..., outputs=fn)`) maps each closed window to output
+rows instead (one object, a list, or None); late messages of event-time and session windows with
+`late="route"` are output as `windows.LateEvent`s as they are. `.early(every=n, every_ms=t)` also
+outputs open windows' running aggregates (`final=False`) before their final result.
 
 The window's key is the pipeline's key (`ctx.key`, see `transforms.api.Context`): each key has its
 own windows. Count windows run in the batch form when the aggregator has `add_frame`. Trigger
@@ -21,8 +22,8 @@ DataFrame, folded with `add_frame`) when the aggregator has `add_frame` and `is_
 are field names or `field_is(...)`; otherwise, and for the time windows, one message at a time. Both
 forms give the same windows (`.one_message()` is the reference form, for tests).
 
-Wall-clock windows, processing-time sessions and event-time sessions with an idle timeout use
-processing-time timers: a window closes when its timer fires (see
+Wall-clock windows, processing-time sessions, event-time windows and sessions with an idle timeout,
+and early results by the clock use processing-time timers: a window closes when its timer fires (see
 `transforms.api.Context` for when that is under `eventide run`), or when the key's next message
 finds it overdue.
 """
