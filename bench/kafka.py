@@ -4,7 +4,8 @@ One broker (`eventide kafka`, transforms.kafka_broker.start_broker) runs for the
 measurement is a whole process (`eventide serve` or `eventide ingest`) over a fresh EVENTIDE_HOME, once
 with the landing folder (the default log) and once with `EVENTIDE_LOG=kafka://127.0.0.1:PORT/PREFIX` (a
 PREFIX per measurement, so every Kafka run starts from empty topics, as every landing run does from an
-empty folder). The landing runs go first each time; the broker is up (and idle) during them too.
+empty folder). The landing runs go first each time (`--kafka-first`: the other way round); the broker is
+up (and idle) during them too.
 
 - **Throughput through `serve`**: N generated Apache log lines over `days` days (examples/log_generate.py,
   END_OF_DAY after each day) sent over one TCP connection to serve's gateway (transforms.ingestion.sender,
@@ -210,7 +211,7 @@ def serve_latency(kind: str, log: str, seconds: float, warmup_seconds: float, se
 # -- the benchmark ------------------------------------------------------------------------------------------
 def bench_kafka(results: dict, lines: int = 1_000_000, days: int = 7, latency_seconds: float = 30,
                 warmup_seconds: float = 5, catch_up_timeout: float = 900, summary_timeout: float = 120,
-                save: Path | None = None) -> dict:
+                save: Path | None = None, order: tuple[str, ...] = KINDS) -> dict:
     """Fills `results` (flat keys, as the other benchmarks), writes the nested form to `save` if given,
     and returns it. Raises AssertionError when an output is not exact or the two logs disagree."""
     from examples.log_generate import generate_logs
@@ -222,7 +223,7 @@ def bench_kafka(results: dict, lines: int = 1_000_000, days: int = 7, latency_se
     nested: dict = {"when": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                     "machine": f"{os.cpu_count()} cores", "lines": lines, "days": days,
                     "latency_rate_msgs_per_s": LATENCY_RATE, "latency_seconds": latency_seconds,
-                    "load_average_at_start": _load()}
+                    "order": list(order), "load_average_at_start": _load()}
     started = time.time()
     try:
         data = work / "logs.log"
@@ -237,11 +238,11 @@ def bench_kafka(results: dict, lines: int = 1_000_000, days: int = 7, latency_se
             progress(f"broker up at {servers}")
             nested["throughput"] = {kind: serve_throughput(kind, log_setting(kind, servers, "throughput"), data,
                                                            messages, expected, work, catch_up_timeout,
-                                                           summary_timeout) for kind in KINDS}
+                                                           summary_timeout) for kind in order}
             nested["ingest"] = {kind: ingest(kind, log_setting(kind, servers, "ingest"), data, messages, work)
-                                for kind in KINDS}
+                                for kind in order}
             nested["latency"] = {kind: serve_latency(kind, log_setting(kind, servers, "latency"), latency_seconds,
-                                                     warmup_seconds, SEED) for kind in KINDS}
+                                                     warmup_seconds, SEED) for kind in order}
     finally:
         shutil.rmtree(work, ignore_errors=True)
     nested["wall_s"] = round(time.time() - started, 1)
@@ -303,14 +304,18 @@ def main(argv=None) -> int:
     p.add_argument("--days", type=int, default=7)
     p.add_argument("--latency-seconds", type=float, default=30, help="the measured phase at 1,000 msgs/s")
     p.add_argument("--quick", action="store_true", help="50,000 lines, 10 s of latency; writes no results file")
+    p.add_argument("--kafka-first", action="store_true", help="each measurement with Kafka first (the machine's "
+                   "load drifts: a second run in the other order shows how much the order matters)")
+    p.add_argument("--out", type=Path, help="the results file (default bench/results/kafka-<date>.json)")
     args = p.parse_args(argv)
     results: dict = {}
+    order = tuple(reversed(KINDS)) if args.kafka_first else KINDS
     if args.quick:
-        nested = bench_kafka(results, **QUICK)
+        nested = bench_kafka(results, **QUICK, order=order)
     else:
-        save = RESULTS / f"kafka-{dt.date.today().isoformat()}.json"
+        save = args.out or RESULTS / f"kafka-{dt.date.today().isoformat()}.json"
         nested = bench_kafka(results, lines=args.lines, days=args.days, latency_seconds=args.latency_seconds,
-                             save=save)
+                             save=save, order=order)
     print(json.dumps(nested, indent=2, default=str))
     return 0
 
