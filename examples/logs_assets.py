@@ -56,6 +56,58 @@ SUMMARY_FRESHNESS = dg.FreshnessPolicy.time_window(
     fail_window=DAY + dt.timedelta(hours=Settings().day_grace_hours + 1), warn_window=DAY)
 
 
+# -- Declarative Automation: when a day's summary is due --------------------------------------------
+def _lines_by_day(path, sql: str, **tables) -> dict[dt.date, int]:
+    return {r["day"]: r["n"] for r in lake.query(sql, **tables).to_pylist()} if lake.exists(path) else {}
+
+
+def days_due(settings: Settings, now: dt.datetime) -> list[dt.date]:
+    """The days whose summary is due (JVM-free: Delta logs and DataFusion), from what the tables hold,
+    not from a memory of what was asked before:
+    - a window closed for the day after its summary ran: the day's closed windows hold more lines than
+      its summary counted (a summary counts every bronze line of its day, so the windows of lines it
+      already counted never hold more);
+    - the day is over by the clock (its end plus `day_grace_hours`) and its summary differs from bronze:
+      no marker came, or its lines changed since (a replay, a late file).
+    A day whose summary ran holds neither, so asking again requests nothing."""
+    bronze, windows, summary = (settings.table_path(t) for t in (BRONZE_TABLE, WINDOWS_TABLE, SUMMARY_TABLE))
+    in_bronze = _lines_by_day(bronze, "select day, count(*) as n from b where kind = 'line' and day is not null "
+                                      "group by day", b=bronze)
+    in_windows = _lines_by_day(windows, "select day, sum(count) as n from w group by day", w=windows)
+    summarized = _lines_by_day(summary, "select day, sum(count) as n from s group by day", s=summary)
+    window_closed = {d for d, n in in_windows.items() if n > summarized.get(d, 0)}
+    over_and_behind = {d for d, n in in_bronze.items()
+                       if n != summarized.get(d, 0) and is_day_over(d, settings.day_grace_hours, now)}
+    return sorted(d for d in window_closed | over_and_behind if valid_partition(d))
+
+
+class DayDue(dg.AutomationCondition):
+    """Declarative Automation's form of `days_due`: true for the summary partitions that are due."""
+
+    @property
+    def name(self) -> str:
+        return "day_due"
+
+    @property
+    def description(self) -> str:
+        return ("a window closed for the day after its summary ran, or the day is over by the clock "
+                "(plus EVENTIDE_DAY_GRACE_HOURS) and its summary differs from bronze")
+
+    @property
+    def requires_cursor(self) -> bool:
+        return False  # judged from the tables alone
+
+    def evaluate(self, context):
+        due = {d.isoformat() for d in days_due(Settings(), context.evaluation_time)}
+        return dg.AutomationResult(context, context.candidate_subset.compute_intersection_with_partition_keys(due))
+
+
+# Due, and not already being made: no run of it or of its inputs (bronze, log_windows) in progress.
+SUMMARY_AUTOMATION = (
+    DayDue() & ~dg.AutomationCondition.in_progress() & ~dg.AutomationCondition.any_deps_in_progress()
+)
+
+
 class SummaryConfig(dg.Config):
     recompute_from_bronze: bool = False
     """Ignore log_windows and count the day's lines in bronze (what a backfill does)."""
@@ -75,6 +127,7 @@ with warnings.catch_warnings():
         kinds={"delta"},
         backfill_policy=dg.BackfillPolicy.single_run(),  # a backfill of many days is one run, not one per day
         freshness_policy=SUMMARY_FRESHNESS,
+        automation_condition=SUMMARY_AUTOMATION,
     )
 
 
@@ -226,6 +279,7 @@ def valid_partition(day: dt.date) -> bool:
     return DAILY.has_partition_key(day.isoformat())
 
 
+
 @dg.sensor(job=daily_summary_job, minimum_interval_seconds=30, default_status=dg.DefaultSensorStatus.RUNNING)
 def log_windows_sensor(context: dg.SensorEvaluationContext, eventide: EventideSettings):
     """Requests the partition of every day a window closed, since the log_windows version in the cursor."""
@@ -264,10 +318,25 @@ def close_days_by_clock(context: dg.ScheduleEvaluationContext, eventide: Eventid
     ]
 
 
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", dg.BetaWarning)  # use_user_code_server is "beta" in Dagster 1.13
+    # Evaluates SUMMARY_AUTOMATION (the daemon's automation sensor; `eventide run` and serve ask it too
+    # once it runs). Its checks ride along with the summary, in the same run.
+    daily_summary_automation = dg.AutomationConditionSensorDefinition(
+        "daily_summary_automation",
+        target=dg.AssetSelection.assets(daily_return_code_summary),
+        use_user_code_server=True,  # DayDue reads the tables: Python the daemon cannot run by itself
+        # Several due days as one backfill, which runs as one ranged run (the single-run backfill policy).
+        emit_backfills=True,
+        minimum_interval_seconds=30,
+        # Off until it replaces log_windows_sensor and close_days_by_clock: both on would summarize a day twice.
+        default_status=dg.DefaultSensorStatus.STOPPED,
+    )
+
 defs = dg.Definitions(
     assets=[daily_return_code_summary],
     asset_checks=SUMMARY_CHECKS,
     jobs=[daily_summary_job],
-    sensors=[log_windows_sensor],
+    sensors=[log_windows_sensor, daily_summary_automation],
     schedules=[close_days_by_clock],
 )

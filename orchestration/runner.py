@@ -11,8 +11,10 @@ instance under `EVENTIDE_HOME/dagster`): `eventide run`, `eventide serve` and th
 asked before the pipelines run and its cursor kept with the others (what it would ask for, this run
 does). A run with nothing new requests nothing; a sensor without a cursor yet is asked without one
 and requests everything it would ever have requested (the log app's sensor: every day with a closed
-window); the runs must be idempotent, as partition runs are. Only standard and asset sensors, and
-schedules, whose default status is RUNNING are asked.
+window); the runs must be idempotent, as partition runs are. Standard and asset sensors, schedules,
+and automation condition sensors evaluated in user code (Declarative Automation: their tick is
+Dagster's own evaluation of the conditions, with the checks riding along) are asked when they run: as
+switched in the UI (their state in the instance), else by their default status.
 
 A failure stops only what depends on it: a failed blocking check (or a failed step) holds back the
 assets downstream of it, in the run (Dagster's blocking checks) and in the requested runs (`run_all`
@@ -43,7 +45,7 @@ from transforms.settings import Settings
 QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
 _PARTITION_TAGS = ("dagster/partition", "dagster/partition_set", "dagster/asset_partition_range")
 RANGE_START, RANGE_END = "dagster/asset_partition_range_start", "dagster/asset_partition_range_end"
-_ASKED_SENSORS = ("STANDARD", "ASSET")  # run-status and automation sensors react to events, not state
+_ASKED_SENSORS = ("STANDARD", "ASSET")  # run-status sensors react to events, not state; automation: below
 
 
 def dagster_instance(settings: Settings) -> dg.DagsterInstance:
@@ -224,8 +226,15 @@ class DueRun:
         return f"{self.partition_key}..{self.through}" if self.through else self.partition_key
 
     @property
+    def name(self) -> str:
+        """The job, or for Declarative Automation's runs (Dagster's implicit asset job) the assets it makes."""
+        if self.job == AUTOMATION_JOB and self.request.asset_selection:
+            return ",".join(k.to_user_string() for k in self.request.asset_selection)
+        return self.job
+
+    @property
     def label(self) -> str:
-        return f"{self.job}[{self.partitions}]" if self.partition_key else self.job
+        return f"{self.name}[{self.partitions}]" if self.partition_key else self.name
 
 
 def runs_as_one(job: dg.JobDefinition) -> bool:
@@ -327,8 +336,12 @@ def due_runs(defs: dg.Definitions, instance: dg.DagsterInstance, skip_jobs: tupl
     repo = defs.get_repository_def()  # partitioned run requests are resolved against it
     asked: list[tuple[str, str | None, list[dg.RunRequest]]] = []
     for sensor in defs.sensors or ():
+        if _evaluates_automation(sensor):
+            if only_jobs is None and _is_running(instance, sensor):
+                asked.append((sensor.name, AUTOMATION_JOB, _automation_requests(defs, instance, sensor, cursors)))
+            continue
         jobs = [t.job_name for t in sensor.targets]
-        if (sensor.sensor_type.name not in _ASKED_SENSORS or sensor.default_status != dg.DefaultSensorStatus.RUNNING
+        if (sensor.sensor_type.name not in _ASKED_SENSORS or not _is_running(instance, sensor)
                 or set(jobs) & set(skip_jobs) or (only_jobs is not None and not set(jobs) & set(only_jobs))):
             continue
         cursor = cursors.get(sensor.name) if cursors is not None else None
@@ -339,7 +352,7 @@ def due_runs(defs: dg.Definitions, instance: dg.DagsterInstance, skip_jobs: tupl
             cursors[sensor.name] = data.cursor
         asked.append((sensor.name, jobs[0] if len(jobs) == 1 else None, list(data.run_requests or ())))
     for schedule in defs.schedules or ():
-        if (schedule.default_status != dg.DefaultScheduleStatus.RUNNING or schedule.job_name in skip_jobs
+        if (not _is_running(instance, schedule) or schedule.job_name in skip_jobs
                 or (only_jobs is not None and schedule.job_name not in only_jobs)):
             continue
         with dg.build_schedule_context(instance=instance, resources=resources, scheduled_execution_time=now,
@@ -352,8 +365,62 @@ def due_runs(defs: dg.Definitions, instance: dg.DagsterInstance, skip_jobs: tupl
             job = req.job_name or default_job
             if job is None:
                 raise ValueError(f"{who} requested a run without a job name and targets several jobs")
-            due.setdefault((job, req.partition_key or ""), DueRun(job, req.partition_key or "", who, req))
+            tags = req.tags or {}
+            if RANGE_START in tags:  # Declarative Automation's ranged run (a single-run backfill policy)
+                run = DueRun(job, tags[RANGE_START], who, req, through=tags[RANGE_END])
+            else:
+                run = DueRun(job, req.partition_key or "", who, req)
+            due.setdefault((job, run.partition_key), run)
     return [due[k] for k in sorted(due)]
+
+
+AUTOMATION_JOB = "__ASSET_JOB"  # Dagster's implicit asset job: what the daemon runs an automation request in
+
+
+def _evaluates_automation(sensor) -> bool:
+    """An automation condition sensor evaluated in user code (use_user_code_server): its tick is
+    Dagster's own evaluation of the conditions (AutomationTickEvaluationContext), which this process can
+    run as the daemon's code server does. (Dagster keeps the flag private.)"""
+    return sensor.sensor_type.name == "AUTOMATION" and bool(getattr(sensor, "_use_user_code_server", False))
+
+
+def _is_running(instance: dg.DagsterInstance, instigator) -> bool:
+    """As the daemon decides: a sensor's or schedule's status in the instance if someone switched it (in
+    the UI), else its default status."""
+    from dagster._core.scheduler.instigation import InstigatorStatus
+
+    _, state = _sensor_state(instance, instigator.name)  # a schedule's state is found the same way
+    if state is not None and state.status in (InstigatorStatus.RUNNING, InstigatorStatus.STOPPED):
+        return state.status == InstigatorStatus.RUNNING
+    return instigator.default_status.name == "RUNNING"  # DefaultSensorStatus or DefaultScheduleStatus
+
+
+def _automation_requests(defs: dg.Definitions, instance: dg.DagsterInstance, sensor,
+                         cursors: dict[str, str | None] | None) -> list[dg.RunRequest]:
+    """One tick of an automation condition sensor: the run requests of the conditions that are true now,
+    each with the checks that ride along. Its cursor (the conditions' memory) is the daemon's. Several
+    partitions of an asset come as one backfill request (emit_backfills), which the daemon hands to its
+    backfill loop; here it becomes the runs that loop would launch (Dagster's
+    build_run_requests_with_backfill_policies: a single-run policy gives a run per range of days)."""
+    from dagster._core.definitions.automation_tick_evaluation_context import (
+        build_run_requests_with_backfill_policies,
+    )
+
+    cursor = cursors.get(sensor.name) if cursors is not None else None
+    with dg.build_sensor_context(instance=instance, repository_def=defs.get_repository_def(),
+                                 sensor_name=sensor.name, cursor=cursor) as ctx:
+        data = sensor.evaluate_tick(ctx)
+    if cursors is not None and data.cursor is not None:
+        cursors[sensor.name] = data.cursor
+    requests = []
+    for req in data.run_requests or ():
+        if req.requires_backfill_daemon():
+            runs = build_run_requests_with_backfill_policies(
+                list(req.asset_graph_subset.iterate_asset_partitions()), defs.resolve_asset_graph(), instance)
+            requests.extend(r.with_replaced_attrs(tags={**(req.tags or {}), **(r.tags or {})}) for r in runs)
+        else:
+            requests.append(req)
+    return requests
 
 
 def execute_due(defs: dg.Definitions, instance: dg.DagsterInstance, run: DueRun):
@@ -421,9 +488,9 @@ def run_all(settings: Settings, progress: Callable[[str], None] = print, summari
             summary.held_back.append(f"{run.label} (needs {', '.join(blocked_by)})")
         else:
             runnable.append(run)
-    for job in dict.fromkeys(r.job for r in runnable):
-        keys = [r.partitions for r in runnable if r.job == job]
-        progress(f"  {job}: {len(keys)} run(s)" + (f": {', '.join(k for k in keys if k)}" if any(keys) else ""))
+    for name in dict.fromkeys(r.name for r in runnable):
+        keys = [r.partitions for r in runnable if r.name == name]
+        progress(f"  {name}: {len(keys)} run(s)" + (f": {', '.join(k for k in keys if k)}" if any(keys) else ""))
     for held in summary.held_back:
         progress(f"  held back: {held}")
     if not due:
