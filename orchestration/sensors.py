@@ -7,6 +7,7 @@ import dagster as dg
 
 from assets.resources import EventideSettings
 from transforms.ingestion.gateway import running_gateway
+from transforms.ingestion.kafka_source import KafkaTopicLog
 from transforms.ingestion.log import open_log
 
 PIPELINES_JOB = "pipelines_job"
@@ -15,7 +16,8 @@ PIPELINES_JOB = "pipelines_job"
 @dg.sensor(job_name=PIPELINES_JOB, minimum_interval_seconds=30, default_status=dg.DefaultSensorStatus.RUNNING)
 def new_segments_sensor(context: dg.SensorEvaluationContext, eventide: EventideSettings):
     """Starts the pipelines when the log of any registered stream has grown since the last run saw it
-    (the landing log: a newer closed segment; Kafka: a higher end offset)."""
+    (the landing log: a newer closed segment; Kafka: a higher end offset), or an app's own topic
+    (kafka_source) has: a higher end offset of a partition."""
     settings = eventide.get()
     live = running_gateway(settings)
     if live and live.get("queries"):
@@ -23,6 +25,9 @@ def new_segments_sensor(context: dg.SensorEvaluationContext, eventide: EventideS
     seen = json.loads(context.cursor) if context.cursor else {}
     log = open_log(settings)
     latest = {g: m for g in sorted(settings.registry.logs) if (m := log.mark(g)) is not None}
+    for stream, origin in sorted(settings.registry.kafka_sources.items()):  # apps' own topics (kafka_source)
+        if ends := KafkaTopicLog(settings, origin).end_offsets():
+            latest[f"kafka:{stream}"] = json.dumps(ends, sort_keys=True)
     new = {g: m for g, m in latest.items() if m != seen.get(g)}
     if not new:
         return dg.SkipReason(f"nothing new in {log.describe()}")

@@ -125,3 +125,34 @@ def test_the_kafka_topic_is_the_apps_upstream_asset(tmp_path, monkeypatch):
     assert {k.to_user_string() for k in table.parent_keys} == {"kafka_ktrades"}
     source = graph.get(next(k for k in graph.get_all_asset_keys() if k.to_user_string() == "kafka_ktrades"))
     assert not source.is_materializable
+
+
+def test_the_pipelines_sensor_follows_an_apps_own_topic(broker, tmp_path, monkeypatch, request):
+    """Under the UI's daemon the pipelines start when a kafka_source's topic grows: once per growth."""
+    import dagster as dg
+
+    from orchestration.definitions import build_definitions
+    from transforms.registry import load_app, registry_of
+    from transforms.settings import Settings, reset_settings
+
+    servers, topic = broker.bootstrap_servers, f"ktrades-{uuid.uuid4().hex[:6]}"
+    (tmp_path / "ktrades_app.py").write_text(textwrap.dedent(KTRADES_APP.format(topic=topic, servers=servers)))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("EVENTIDE_HOME", str(tmp_path / "home"))  # what the sensor's resource reads
+    monkeypatch.setenv("EVENTIDE_APPS", "ktrades_app:app")
+    reset_settings()
+    request.addfinalizer(reset_settings)  # the cached settings go: the next test reads its own environment
+    defs = build_definitions(registry_of([load_app("ktrades_app:app")]), Settings(home=tmp_path / "home"))
+    sensor = defs.resolve_sensor_def("new_segments_sensor")
+    resources = {"eventide": defs.resources["eventide"]}
+
+    def tick(cursor=None):
+        with dg.build_sensor_context(resources=resources, cursor=cursor) as ctx:
+            return sensor(ctx), ctx.cursor
+
+    produce(servers, topic, [("AA", b"AA,1")])
+    request, cursor = tick()
+    assert isinstance(request, dg.RunRequest) and request.tags["eventide/new_segments"] == "kafka:ktrades"
+    assert isinstance(tick(cursor)[0], dg.SkipReason)  # nothing new since
+    produce(servers, topic, [("BB", b"BB,2")])
+    assert isinstance(tick(cursor)[0], dg.RunRequest)
