@@ -40,10 +40,18 @@ def test_a_quiet_key_closes_its_last_windows_when_asked_and_not_otherwise():
         assert wd.process(state, "k", 4, 25, "d", now_ms=9_500).windows == [] and state.dropped_late == 1
 
 
-def test_a_state_pickled_before_idle_close_existed_still_loads():
-    state = EventTimeState()
-    del state.__dict__  # what an older pickle lacks reads as the class default
-    assert state.last_input_ms is None and state.timer_ms is None
+def test_a_state_pickled_before_idle_close_existed_takes_it_up():
+    import pickle
+
+    old = EventTimeState()
+    EventTimeWindows(collect(), size_ms=10).process(old, "k", 1, 3, "a")
+    old.__dict__.pop("last_input_ms")  # what a state pickled before idle_close_ms has: no such attribute
+    assert "last_input_ms" not in old.__dict__ and "timer_ms" not in old.__dict__
+    state = pickle.loads(pickle.dumps(old))
+    assert state.last_input_ms is None and state.timer_ms is None  # the class defaults
+    wd = EventTimeWindows(collect(), size_ms=10, idle_close_ms=1_000)
+    assert wd.process(state, "k", 2, 4, "b", now_ms=5_000).timers == [6_000]
+    assert brief(wd.on_timer(state, "k", 6_000).windows) == [("k/0-10", ["a", "b"], "idle")]
 
 
 def test_the_step_has_timers_only_with_an_idle_timeout():
