@@ -3,7 +3,7 @@ trades every 10 trades. Not registered by default: `--app examples.count_windows
 
     eventide ingest trades trades.txt --app examples.count_windows:app     # lines "SYMBOL,PRICE"
     eventide run --app examples.count_windows:app
-    eventide show trade_means --app examples.count_windows:app
+    EVENTIDE_APPS=examples.count_windows:app eventide show trade_means
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ length. Not registered by default: `--app examples.session_windows:app`.
 
     eventide ingest clicks clicks.txt --app examples.session_windows:app   # lines "USER,EPOCH_MS,PAGE"
     eventide run --app examples.session_windows:app
-    eventide show visits --app examples.session_windows:app
+    EVENTIDE_APPS=examples.session_windows:app eventide show visits
 
 Event time with 5 minutes of allowed lateness: a late click within that bridges two visits into one;
 a later one goes to the `late_clicks` table. Under `eventide serve` a user quiet for 10 minutes of wall
