@@ -1,8 +1,9 @@
 """The daily summary under Declarative Automation (examples/logs_assets.py: DayDue and its automation
 condition sensor), through `eventide run`, which asks the sensor's tick as the daemon's code server does
-(Dagster's own evaluation of the conditions): a day closes when its window table says so, or by the
-clock after the grace period; a day whose lines changed is redone; adjacent due days run as one ranged
-run with the checks riding along; a second run asks for nothing. Real Spark, Delta and Dagster.
+(Dagster's own evaluation of the conditions), and through `eventide serve`'s follow-ups: a day closes
+when its window table says so, or by the clock after the grace period; a day whose lines changed is
+redone; adjacent due days run as one ranged run with the checks riding along; asking again asks for
+nothing. Real Spark, Delta and Dagster.
 
 The automation sensor is off by default while the sensor and schedule still do the job; the test switches
 it on, and them off, in the instance, as a user does in the UI."""
@@ -20,6 +21,7 @@ from dagster._core.scheduler.instigation import (
 from examples import logs_assets
 from examples.logs import SUMMARY_TABLE
 from orchestration.runner import _sensor_origin, dagster_instance, run_all
+from orchestration.service import FollowUps
 from tests.conftest import land
 from tests.transforms.test_logs_app import LOG_FILES, expected_summary, log_messages
 from transforms import lake
@@ -103,9 +105,14 @@ def test_declarative_automation_closes_days_by_window_or_clock_and_redoes_change
     assert _summary_checks(summary) == {(c, "2004-03-08") for c in CHECKS}
     assert _summary(settings)["2004-03-08"] == sorted((s, n + (s == 404)) for s, n in expected["2004-03-08"])
 
-    # A new day with its marker closes by its window, with the clock far away.
+    # A new day with its marker closes by its window, with the clock far away; `eventide serve` asks the
+    # same sensor after its queries committed (here: the pipelines run, then serve's follow-ups).
     monkeypatch.setenv("EVENTIDE_DAY_GRACE_HOURS", "876000")
     land(settings, "logs", log_messages(LOG_FILES[3:]))
-    said, _ = _run(settings)
-    assert "  daily_return_code_summary: 1 run(s): 2004-03-10" in said, "\n".join(said)
+    assert run_all(settings, progress=lambda _: None, summaries=False).passed
+    said = []
+    follow_ups = FollowUps(settings, said.append)
+    assert follow_ups.run_due() == 1
+    assert said == ["daily_return_code_summary[2004-03-10] (asked by daily_summary_automation): done"], said
+    assert follow_ups.run_due() == 0 and len(said) == 1
     assert _summary(settings)["2004-03-10"] == expected["2004-03-10"]
