@@ -223,7 +223,8 @@ def bench_kafka(results: dict, lines: int = 1_000_000, days: int = 7, latency_se
     nested: dict = {"when": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                     "machine": f"{os.cpu_count()} cores", "lines": lines, "days": days,
                     "latency_rate_msgs_per_s": LATENCY_RATE, "latency_seconds": latency_seconds,
-                    "order": list(order), "load_average_at_start": _load()}
+                    "order": list(order), "load_average_at_start": _load(),
+                    "size": f"{lines:,} log lines over {days} days; {latency_seconds:g} s at {LATENCY_RATE:,} msgs/s"}
     started = time.time()
     try:
         data = work / "logs.log"
