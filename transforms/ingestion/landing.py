@@ -115,16 +115,19 @@ def _encode_record(seq: int, recv_us: int, stream: str, conn: str, err: str | No
     return _REC_HEAD.pack(len(body), zlib.crc32(body)) + body
 
 
-def _chunks_by_size(payloads: list[bytes], limit: int):
-    """(start, end) index ranges of consecutive payloads of about `limit` bytes each (at least one each)."""
-    start, size = 0, 0
-    for i, payload in enumerate(payloads):
-        size += len(payload)
-        if size >= limit:
-            yield start, i + 1
-            start, size = i + 1, 0
-    if start < len(payloads):
-        yield start, len(payloads)
+def _chunks_by_size(payloads: pa.Array, limit: int):
+    """(start, end) index ranges of consecutive payloads of about `limit` bytes each (at least one each):
+    each range ends with the payload that brings it to `limit` or more."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    ends = np.cumsum(pc.binary_length(payloads).to_numpy(zero_copy_only=False), dtype=np.int64)
+    start, done = 0, 0
+    while start < len(ends):
+        end = int(np.searchsorted(ends, done + limit, side="left")) + 1  # the payload reaching the limit, included
+        end = min(max(end, start + 1), len(ends))
+        yield start, end
+        start, done = end, int(ends[end - 1])
 
 
 def _read_journal(path: Path) -> tuple[list[tuple], bytes]:
@@ -245,12 +248,14 @@ class Lander(LogWriter):
             self._close_segment(group)
         return seq
 
-    def append_many(self, stream: str, payloads: list[bytes], connection: str = "") -> None:
-        """Land messages of a file in order, straight into closed segments (no journal: each segment is
-        written whole, then renamed, so a crash leaves whole segments only, as closing a journal does).
-        The group's open segment is closed first, so what was appended before stays before."""
-        if not payloads:
+    def append_many(self, stream: str, payloads, connection: str = "") -> None:
+        """Land messages of a file in order (a list of bytes or a pyarrow binary array), straight into
+        closed segments (no journal: each segment is written whole, then renamed, so a crash leaves whole
+        segments only, as closing a journal does). The group's open segment is closed first, so what was
+        appended before stays before."""
+        if not len(payloads):
             return
+        payloads = payloads if isinstance(payloads, pa.Array) else pa.array(payloads, pa.binary())
         group = self._group_of(stream)
         if group in self._open:
             self._close_segment(group)
@@ -267,7 +272,7 @@ class Lander(LogWriter):
                     pa.array(range(first, first + n), pa.int64()),
                     pa.repeat(pa.scalar(recv_us, pa.int64()), n).cast(pa.timestamp("us", tz="UTC")),
                     pa.repeat(pa.scalar(connection, pa.string()), n),
-                    pa.array(payloads[start:end], pa.binary()),
+                    payloads.slice(start, n),
                     pa.nulls(n, pa.string()),
                 ],
                 schema=LANDING_SCHEMA,

@@ -80,9 +80,10 @@ class LogWriter(ABC):
     def append(self, stream: str, payload: bytes, connection: str = "", error: str | None = None) -> None:
         """Write one message (or, with `error`, one quarantined piece of input the gateway could not frame)."""
 
-    def append_many(self, stream: str, payloads: list[bytes], connection: str = "") -> None:
-        """Write messages in order, as `append` one by one would; a log may do it in bulk (files)."""
-        for payload in payloads:
+    def append_many(self, stream: str, payloads, connection: str = "") -> None:
+        """Write messages (a list of bytes or a pyarrow binary array) in order, as `append` one by one
+        would; a log may do it in bulk (files)."""
+        for payload in payloads.to_pylist() if hasattr(payloads, "to_pylist") else payloads:
             self.append(stream, payload, connection)
 
     @abstractmethod

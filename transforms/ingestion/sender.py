@@ -21,12 +21,16 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
+
 from transforms.ingestion.framing import (
     DEFAULT_FRAMING,
     LANDED_ACK,
     Framing,
     is_framed_file,
     iter_file_messages,
+    text_file_lines,
 )
 from transforms.ingestion.log import LogWriter, open_log
 from transforms.settings import Settings
@@ -51,10 +55,29 @@ def _file_messages(path: Path, framing: Framing, framed: bool | None) -> Iterato
         raise InputFileError(str(e)) from e
 
 
+def _text_lines(path: Path, framing: Framing, framed: bool | None):
+    try:
+        return text_file_lines(path, framing, framed)
+    except OSError as e:
+        raise InputFileError(f"{path}: cannot read: {e.strerror or e}") from e
+    except ValueError as e:
+        raise InputFileError(str(e)) from e
+
+
 def _check_file(path: Path, framing: Framing, framed: bool | None) -> int:
     """Number of messages in the file; raises InputFileError if it cannot be sent whole."""
     if path.is_dir():
         raise InputFileError(f"{path}: is a directory, expected a file")
+    if not is_framed_file(path, framed):  # text lines, checked without a Python object per line
+        _, offsets = _text_lines(path, framing, framed)
+        over = np.flatnonzero(np.diff(offsets) > framing.max_frame_bytes)
+        if over.size:
+            line = int(over[0])
+            raise InputFileError(
+                f"{path}: line {line + 1} is {int(offsets[line + 1] - offsets[line])} bytes, over the frame "
+                f"limit of {framing.max_frame_bytes} bytes"
+            )
+        return len(offsets) - 1
     count = 0
     for count, payload in enumerate(_file_messages(path, framing, framed), start=1):
         if len(payload) > framing.max_frame_bytes:
@@ -172,6 +195,23 @@ def _batches(payloads: Iterable[bytes], limit: int) -> Iterator[list[bytes]]:
         yield batch
 
 
+def _line_batches(data: bytes, offsets, limit: int, after: list[bytes]) -> Iterator[pa.Array]:
+    """The lines of `data` (split at `offsets`, framing.line_offsets) as binary arrays over its bytes, of
+    about `limit` bytes each like `_batches`, with the payloads `after` at the end of the last one."""
+    n = len(offsets) - 1
+    start = 0
+    while start < n:
+        end = int(np.searchsorted(offsets, offsets[start] + limit, side="left"))  # lines reaching the limit
+        end = min(max(end, start + 1), n)
+        first, last = int(offsets[start]), int(offsets[end])
+        lines = pa.BinaryArray.from_buffers(pa.binary(), end - start, [
+            None, pa.py_buffer((offsets[start:end + 1] - first).astype(np.int32)), pa.py_buffer(memoryview(data)[first:last])])
+        start = end
+        yield pa.concat_arrays([lines, pa.array(after, pa.binary())]) if after and start == n else lines
+    if after and n == 0:
+        yield pa.array(after, pa.binary())
+
+
 def _framed_chunks(payloads: Iterable[bytes], framing: Framing) -> Iterator[bytes]:
     batch: list[bytes] = []
     size = 0
@@ -226,10 +266,15 @@ def ingest_files(
     try:
         for path, _count in plan:
             connection = f"file:{path.name}"
-            messages = _file_messages(path, framing, is_framed_file(path, framed))
-            if end_of_day:
-                messages = itertools.chain(messages, [marker])
-            for batch in _batches(messages, settings.segment_max_bytes):
+            if is_framed_file(path, framed):
+                messages = _file_messages(path, framing, True)
+                if end_of_day:
+                    messages = itertools.chain(messages, [marker])
+                batches = _batches(messages, settings.segment_max_bytes)
+            else:  # text: the lines as arrays over the file's bytes, a segment's worth each
+                batches = _line_batches(*_text_lines(path, framing, False), settings.segment_max_bytes,
+                                        [marker] if end_of_day else [])
+            for batch in batches:
                 writer.append_many(stream, batch, connection)  # in bulk: a file needs no per-message journal
                 landed += len(batch)
         writer.flush()

@@ -185,3 +185,24 @@ def test_invalid_msg_file_error_names_the_file(tmp_path):
     path.write_bytes(DEFAULT_FRAMING.encode(b"whole") + b"\x00\x00\x00\x09part")
     with pytest.raises(ValueError, match="broken.msg"):
         list(iter_file_messages(path))
+
+
+@given(st.lists(st.binary(max_size=12).map(lambda b: b.replace(b"\n", b"")), max_size=30),
+       st.sampled_from([b"\n", b"\r\n", b"\r"]), st.booleans(), st.integers(1, 60))
+@settings(max_examples=300, deadline=None)
+def test_line_offsets_and_line_batches_split_as_readlines_does(lines, newline, last_newline, limit):
+    """The vectorized split of text files (ingest's fast path) equals the one-line-at-a-time reference
+    (io.BytesIO.readlines, as iter_file_messages splits), and its batches equal `_batches` of those lines."""
+    import io
+
+    from transforms.ingestion.framing import line_offsets
+    from transforms.ingestion.sender import _batches, _line_batches
+
+    data = newline.join(lines) + (newline if last_newline and lines else b"")
+    reference = io.BytesIO(data).readlines()
+    offsets = line_offsets(data)
+    assert [data[a:b] for a, b in zip(offsets[:-1], offsets[1:])] == reference
+    got = [batch.to_pylist() for batch in _line_batches(data, offsets, limit, [b"END_OF_DAY"])]
+    expected = [list(batch) for batch in _batches(reference, limit)] or [[]]
+    expected[-1].append(b"END_OF_DAY")  # the marker rides with the last batch
+    assert got == expected
