@@ -155,7 +155,7 @@ def run_app(app: Application, messages: Messages, settings: Settings | None = No
                                   tcp_addresses={**{n: lst.address for n, lst in listeners.items()},
                                                  **{n: f"kafka://{kafka}/{t}" for n, t in sink_topics.items()}})
         tcp = {n: lst.messages() for n, lst in listeners.items()}
-        records = {n: _committed_records(kafka, t) for n, t in sink_topics.items()}
+        records = {n: committed_records(kafka, t) for n, t in sink_topics.items()}
         tables = {s.table: _read_sink(run_settings, s) for s in target.sinks() if isinstance(s, DeltaSink)}
         qpath = run_settings.table_path(QUARANTINE_TABLE)
         quarantine = []
@@ -297,14 +297,14 @@ def _produce(servers: str, topics: dict[str, str], records: list[tuple[str, Any]
         raise RuntimeError(f"run_app: Kafka at {servers} did not acknowledge every message in 30 s")
 
 
-def _committed_records(servers: str, topic: str) -> list[tuple[bytes | None, bytes]]:
-    """Every (key, value) record of a sink's topic a read_committed consumer sees, partition by partition
-    ([] if the sink produced nothing, so made no topic)."""
+def committed_records(servers: str, topic: str, isolation: str = "read_committed") -> list[tuple[bytes | None, bytes]]:
+    """Every (key, value) record of a topic a consumer with `isolation` sees (read_committed: what a Kafka
+    sink committed), in offset order per partition, partitions in turn ([] if there is no such topic)."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
     consumer = Consumer({"bootstrap.servers": servers, "group.id": f"run_app-{uuid.uuid4().hex[:8]}",
                          "enable.auto.commit": False, "enable.partition.eof": True,
-                         "isolation.level": "read_committed"})
+                         "isolation.level": isolation})
     try:
         meta = consumer.list_topics(topic, timeout=30).topics.get(topic)
         partitions = sorted(meta.partitions) if meta is not None and meta.error is None else []

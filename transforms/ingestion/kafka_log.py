@@ -94,10 +94,10 @@ def _client(kind: str, servers: str):
         return found
 
 
-def committed_offset(checkpoint: Path, topic: str) -> tuple[int | None, int | None]:
-    """(last committed batch, the next offset of `topic` it leaves to read), from a query's checkpoint
-    (Spark's offset log: `offsets/<batch>` holds `{"<topic>": {"0": <offset>}}` for the Kafka source);
-    (None, None) when nothing is committed."""
+def committed_offsets(checkpoint: Path, topic: str) -> tuple[int | None, dict[int, int] | None]:
+    """(last committed batch, the next offset per partition of `topic` it leaves to read), from a query's
+    checkpoint (Spark's offset log: `offsets/<batch>` holds `{"<topic>": {"<partition>": <offset>, ...}}`
+    for the Kafka source); (None, None) when nothing is committed."""
     commits = sorted(int(p.name) for p in (checkpoint / "commits").iterdir()
                      if p.name.isdigit()) if (checkpoint / "commits").is_dir() else []
     if not commits:
@@ -112,8 +112,14 @@ def committed_offset(checkpoint: Path, topic: str) -> tuple[int | None, int | No
         except ValueError:
             continue
         if isinstance(value, dict) and isinstance(value.get(topic), dict):
-            return commits[-1], int(value[topic].get("0", 0))
+            return commits[-1], {int(p): int(o) for p, o in value[topic].items()}
     return commits[-1], None
+
+
+def committed_offset(checkpoint: Path, topic: str) -> tuple[int | None, int | None]:
+    """committed_offsets of a one-partition topic (the log's): (last committed batch, next offset)."""
+    batch, offsets = committed_offsets(checkpoint, topic)
+    return batch, (offsets.get(0, 0) if offsets is not None else None)
 
 
 class KafkaLog(Log):

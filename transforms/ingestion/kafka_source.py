@@ -39,25 +39,11 @@ def plan_log(settings: Settings, plan):
 
 
 def committed_offsets(checkpoint: Path, topic: str) -> dict[int, int] | None:
-    """The next offset per partition of `topic` that a query's last committed batch leaves to read (Spark's
-    offset log: `offsets/<batch>` holds `{"<topic>": {"<partition>": <offset>, ...}}`); None when nothing is
-    committed."""
-    commits = checkpoint / "commits"
-    ids = sorted(int(p.name) for p in commits.iterdir() if p.name.isdigit()) if commits.is_dir() else []
-    if not ids:
-        return None
-    try:
-        lines = (checkpoint / "offsets" / str(ids[-1])).read_text().splitlines()[2:]
-    except OSError:
-        return None
-    for line in lines:
-        try:
-            value = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(value, dict) and isinstance(value.get(topic), dict):
-            return {int(p): int(o) for p, o in value[topic].items()}
-    return None
+    """The next offset per partition of `topic` that a query's last committed batch leaves to read; None
+    when nothing is committed."""
+    from transforms.ingestion.kafka_log import committed_offsets as checkpoint_offsets
+
+    return checkpoint_offsets(checkpoint, topic)[1]
 
 
 class KafkaTopicLog:

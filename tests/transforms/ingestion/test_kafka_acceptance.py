@@ -18,13 +18,13 @@ from examples.market_decoder import Order, encode_order, parse_order_result
 from examples.market_generate import read_symbols
 from orchestration.cli import main
 from tests.conftest import DATA
-from tests.transforms.ingestion.test_kafka_sink import committed_records
 from tests.transforms.test_logs_app import LOG_FILES, expected_summary, summary_rows
 from tests.transforms.test_market_app import FIFTEEN, NBBO
 from transforms import lake
 from transforms.ingestion.framing import DEFAULT_FRAMING
 from transforms.ingestion.log import open_log
 from transforms.settings import reset_settings
+from transforms.testing import committed_records
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(600)]
 

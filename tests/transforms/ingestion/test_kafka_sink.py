@@ -13,33 +13,9 @@ from transforms.engine.kafka_sink import KafkaSinkError, TransactionalSink, pars
 from transforms.engine.sinks import resolve_tcp_sinks
 from transforms.kafka_broker import free_port
 from transforms.settings import ConfigError
+from transforms.testing import committed_records
 
 pytestmark = pytest.mark.timeout(300)
-
-
-def committed_records(servers: str, topic: str, isolation: str = "read_committed") -> list[tuple[bytes | None, bytes]]:
-    """Every (key, value) record of the topic's partitions a consumer with `isolation` sees, in offset order
-    per partition, partitions in turn."""
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
-
-    consumer = Consumer({"bootstrap.servers": servers, "group.id": f"test-{uuid.uuid4().hex[:6]}",
-                         "enable.auto.commit": False, "enable.partition.eof": True, "isolation.level": isolation})
-    try:
-        partitions = sorted(consumer.list_topics(topic, timeout=10).topics[topic].partitions)
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
-        got: dict[int, list] = {p: [] for p in partitions}
-        ended: set[int] = set()
-        while len(ended) < len(partitions):
-            msg = consumer.poll(10.0)
-            assert msg is not None, f"topic {topic!r} was not read to its end in 10 s"
-            if msg.error() is not None:
-                assert msg.error().code() == KafkaError._PARTITION_EOF, msg.error()
-                ended.add(msg.partition())
-                continue
-            got[msg.partition()].append((msg.key(), msg.value()))
-        return [r for p in partitions for r in got[p]]
-    finally:
-        consumer.close()
 
 
 def _sink(broker, topic: str, txn: str) -> TransactionalSink:

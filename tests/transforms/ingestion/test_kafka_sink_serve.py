@@ -17,9 +17,9 @@ import pytest
 
 from tests.conftest import DATA
 from tests.transforms.ingestion.test_gateway import Service
-from tests.transforms.ingestion.test_kafka_sink import committed_records
 from transforms.ingestion.sender import send_files
 from transforms.kafka_broker import free_port
+from transforms.testing import committed_records
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(600)]
 

@@ -13,10 +13,10 @@ import uuid
 import pytest
 
 from tests.conftest import REPO
-from tests.transforms.ingestion.test_kafka_sink import committed_records
 from transforms import lake
 from transforms.api import kafka_position
 from transforms.engine import QUARANTINE_TABLE, nothing_new, plan_queries, run_application
+from transforms.testing import committed_records
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(300)]
 

@@ -136,13 +136,14 @@ def test_the_pipelines_sensor_follows_an_apps_own_topic(broker, tmp_path, monkey
     from transforms.settings import Settings, reset_settings
 
     servers, topic = broker.bootstrap_servers, f"ktrades-{uuid.uuid4().hex[:6]}"
-    (tmp_path / "ktrades_app.py").write_text(textwrap.dedent(KTRADES_APP.format(topic=topic, servers=servers)))
+    # A module name of its own: another test of this process imported ktrades_app with another topic.
+    (tmp_path / "ktrades_sensor_app.py").write_text(textwrap.dedent(KTRADES_APP.format(topic=topic, servers=servers)))
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv("EVENTIDE_HOME", str(tmp_path / "home"))  # what the sensor's resource reads
-    monkeypatch.setenv("EVENTIDE_APPS", "ktrades_app:app")
+    monkeypatch.setenv("EVENTIDE_APPS", "ktrades_sensor_app:app")
     reset_settings()
     request.addfinalizer(reset_settings)  # the cached settings go: the next test reads its own environment
-    defs = build_definitions(registry_of([load_app("ktrades_app:app")]), Settings(home=tmp_path / "home"))
+    defs = build_definitions(registry_of([load_app("ktrades_sensor_app:app")]), Settings(home=tmp_path / "home"))
     sensor = defs.resolve_sensor_def("new_segments_sensor")
     resources = {"eventide": defs.resources["eventide"]}
 
