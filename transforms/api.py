@@ -188,6 +188,8 @@ class StateComputation(_ByReference):
     on_timer: Callable | None = None
     # True when `fn` takes a third parameter, the `Context` (key, time, timers) of the call.
     with_context: bool = False
+    # Time to live of a key's state: untouched that long (processing time), Spark's TTL removes it.
+    ttl_ms: int | None = None
 
     @property
     def state_name(self) -> str:
@@ -222,7 +224,8 @@ def normalize_outputs(name: str, out: Any) -> list:
     return [out]
 
 
-def state_computation(name: str, state: type, *, batch: bool = False, on_timer: Callable | None = None):
+def state_computation(name: str, state: type, *, batch: bool = False, on_timer: Callable | None = None,
+                      ttl_ms: int | None = None):
     """`f(message, state)` with the state object of the message's key (created by `state()`).
 
     `f(message, state, ctx)` also gets the call's `Context`: its key, processing time, watermark,
@@ -232,7 +235,11 @@ def state_computation(name: str, state: type, *, batch: bool = False, on_timer: 
 
     `batch=True`: `f(df, state)` / `f(df, state, ctx)` gets the key's messages as a DataFrame in
     sequence order (column `_seq`) and returns the outputs as a DataFrame (or a list of records).
+
+    `ttl_ms`: a key whose state is not updated for that many milliseconds (processing time) loses it
+    (Spark's state TTL); its next message starts from a fresh `state()`.
     """
+    check_ttl_ms(name, ttl_ms)
     if not callable(state):
         raise TypeError(f"state_computation {name!r}: state must be a class, got {state!r}")
     if on_timer is not None and (not callable(on_timer) or _n_params(on_timer) not in (3, 4)):
@@ -248,9 +255,15 @@ def state_computation(name: str, state: type, *, batch: bool = False, on_timer: 
                 f"state_computation {name!r}: {f.__name__} must take (message, state) or (message, state, ctx), "
                 f"takes {n_params}"
             )
-        return StateComputation(f, name, state, batch, on_timer, with_context=n_params == 3)
+        return StateComputation(f, name, state, batch, on_timer, with_context=n_params == 3, ttl_ms=ttl_ms)
 
     return wrap
+
+
+def check_ttl_ms(step: str, ttl_ms: int | None) -> None:
+    if ttl_ms is not None and (isinstance(ttl_ms, bool) or not isinstance(ttl_ms, int) or ttl_ms <= 0):
+        raise ValueError(f"{step!r}: ttl_ms must be a positive whole number of milliseconds (or None: the "
+                         f"state never expires), got {ttl_ms!r}")
 
 
 @dataclass(frozen=True)

@@ -32,13 +32,13 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
 
-from transforms.api import Context, StateComputation
+from transforms.api import Context, StateComputation, check_ttl_ms
 from windows import (
     Aggregator,
     CountState,
@@ -165,13 +165,19 @@ class WindowComputation(StateComputation):
 
     def emit(self, fn: Callable[[Any], Any]) -> WindowComputation:
         """Map each closed window (`WindowResult`) to its output rows: one object, a list, or None."""
-        return self.kind.build(self.window, self.name, self.state, fn, self.batch, self.early_every,
-                               self.early_every_ms)
+        return replace(self.kind.build(self.window, self.name, self.state, fn, self.batch, self.early_every,
+                                       self.early_every_ms), ttl_ms=self.ttl_ms)
 
     def one_message(self) -> WindowComputation:
         """The same step, one message at a time: the reference its batch form must equal."""
-        return self.kind.build(self.window, self.name, self.state, self.outputs, False, self.early_every,
-                               self.early_every_ms)
+        return replace(self.kind.build(self.window, self.name, self.state, self.outputs, False, self.early_every,
+                                       self.early_every_ms), ttl_ms=self.ttl_ms)
+
+    def ttl(self, ms: int) -> WindowComputation:
+        """The same step whose key's state (its open windows included) Spark removes after `ms`
+        milliseconds of processing time without a message of the key."""
+        check_ttl_ms(self.name, ms)
+        return replace(self, ttl_ms=ms)
 
     def early(self, every: int | None = None, every_ms: int | None = None) -> WindowComputation:
         """Also output each open window's running aggregate before its one final result, as a
@@ -184,7 +190,8 @@ class WindowComputation(StateComputation):
                 raise ValueError(f"{self.name}: early({name}=...) must be a positive int, got {value!r}")
         if every is None and every_ms is None:
             raise ValueError(f"{self.name}: early() needs every=N (messages) or every_ms=T (wall clock), or both")
-        return self.kind.build(self.window, self.name, self.state, self.outputs, False, every, every_ms)
+        return replace(self.kind.build(self.window, self.name, self.state, self.outputs, False, every, every_ms),
+                       ttl_ms=self.ttl_ms)
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,8 @@ class KeyedStateProcessor(StatefulProcessor):
 
     def init(self, handle) -> None:
         self.handle = handle
-        self.value = handle.getValueState("states", StructType([StructField("blob", BinaryType(), True)]))
+        self.value = handle.getValueState("states", StructType([StructField("blob", BinaryType(), True)]),
+                                          self.plan.state_ttl_ms)  # None: no TTL, the state never expires
 
     def _load(self) -> dict:
         row = self.value.get()  # None when the key has no state yet (one state-store call, not two)
@@ -118,7 +119,8 @@ class BucketedStateProcessor(StatefulProcessor):
 
     def init(self, handle) -> None:
         self.states = handle.getMapState("states", StructType([StructField("key", StringType(), False)]),
-                                         StructType([StructField("blob", BinaryType(), True)]))
+                                         StructType([StructField("blob", BinaryType(), True)]),
+                                         self.plan.state_ttl_ms)  # per entry: each user key expires alone
 
     def handleInputRows(self, bucket, rows, timerValues) -> Iterator[pd.DataFrame]:
         frames = list(rows)

@@ -57,6 +57,8 @@ class QueryPlan:
     decoded_schema: pa.Schema | None = None
     # Where the query reads: None, the home's log (landed streams); a KafkaTopic, a user's topic (kafka_source)
     origin: KafkaTopic | None = None
+    # The state computation's ttl_ms: Spark removes a key's state untouched that long (processing time)
+    state_ttl_ms: int | None = None
 
     @property
     def stage_schema(self) -> pa.Schema:
@@ -73,6 +75,11 @@ class QueryPlan:
     @property
     def timers(self) -> bool:
         return self.time_mode is not TimeMode.NONE
+
+    @property
+    def spark_time_mode(self) -> TimeMode:
+        """What transformWithState runs in: Spark's state TTL needs processing time (even without timers)."""
+        return TimeMode.PROCESSING_TIME if self.state_ttl_ms is not None else self.time_mode
 
     def app_id(self, sink: str) -> str:
         return f"{self.name}@g{self.generation}:{sink}"
@@ -131,9 +138,20 @@ def plan_queries(app: Application, settings: Settings, decoders: dict | None = N
                 mode=mode,
                 decoded_schema=decoded,
                 origin=origin,
+                state_ttl_ms=_state_ttl_ms(app.name, resolved),
             )
         )
     return plans
+
+
+def _state_ttl_ms(app: str, branches) -> int | None:
+    """The query's state TTL: a key's state computations keep their states in one value, so they
+    expire together and must declare the same ttl_ms."""
+    steps = {s.name: s.ttl_ms for b in branches for s in b.post_steps if isinstance(s, StateComputation)}
+    if len(set(steps.values())) > 1:
+        raise ValueError(f"application {app!r}: the state computations of one query keep a key's states "
+                         f"together, so they expire together; their ttl_ms differ: {steps}; give them the same")
+    return next(iter(steps.values()), None)
 
 
 def _check_steps(app: str, b: Pipeline) -> None:

@@ -58,7 +58,7 @@ def build_stream(spark, plan: QueryPlan, settings: Settings, layout: StateLayout
             statefulProcessor=processor,
             outputStructType=from_arrow_schema(ENVELOPE),
             outputMode="Append",
-            timeMode=plan.time_mode.value,
+            timeMode=plan.spark_time_mode.value,
         )
     return env
 
