@@ -32,7 +32,9 @@ JSON (`--format json`): one object, keys in this order (`null` where there is no
                   "oldest_unprocessed": ISO-8601 UTC|null,
                   "held_by": {"pid": int, "command": str, "since": str}|null,
                   "tcp_in_doubt": {sink: int} (TCP batches found in doubt: a sink's sender process stopped mid-send),
-                  "processed_offsets": {partition: int}|null (kafka_source: the next offset per partition it reads)}],
+                  "processed_offsets": {partition: int}|null (kafka_source: the next offset per partition it reads),
+                  "state_bytes": int|null (bytes of the files of its state store under its checkpoint, every
+                                 version Spark retains; null: no state, an unkeyed query or none written yet)}],
      "tables": [{"table": str, "version": int, "files": int (data files of the current version),
                  "bytes": int (their size),
                  "freshness": "PASS"|"WARN"|"FAIL"|"UNKNOWN"|null (null: the table has no freshness policy),
@@ -89,6 +91,7 @@ class QueryStatus:
     held_by: dict | None = None
     tcp_in_doubt: dict[str, int] = field(default_factory=dict)
     processed_offsets: dict[int, int] | None = None
+    state_bytes: int | None = None
 
 
 @dataclass
@@ -160,7 +163,23 @@ def query_status(settings: Settings, plan, progress: Progress, now: float) -> Qu
         tcp_in_doubt={f.name[len("tcp-"):-len(".in-doubt")]: len(f.read_text().splitlines())
                       for f in sorted(checkpoint.glob("tcp-*.in-doubt"))},
         processed_offsets=getattr(progress, "processed_offsets", None),
+        state_bytes=state_bytes(checkpoint),
     )
+
+
+def state_bytes(checkpoint: Path) -> int | None:
+    """The bytes on disk of a query's state store (Spark's `state` folder of its checkpoint): every
+    version Spark retains, so more than the live keys' state; None when it has none."""
+    folder = checkpoint / "state"
+    if not folder.is_dir():
+        return None
+    total = 0
+    for f in folder.rglob("*"):
+        try:
+            total += f.stat().st_size if f.is_file() else 0
+        except FileNotFoundError:  # a version Spark's maintenance removed while we read
+            pass
+    return total
 
 
 def compute_status(settings: Settings, now: float | None = None) -> Status:
@@ -267,9 +286,10 @@ def format_status(status: Status, fmt: str = "table", settings: Settings | None 
     if topics:
         lines += ["", *format_topics(topics)]
     lines.append("")
-    lines += grid(["QUERY", "LOG", "PROCESSED TO", "LAG", "LAG SECONDS", "RUN BY"],
-                   [[q.query, q.log, _processed(q), q.lag_messages, _seconds(q), _holder(q.held_by)]
-                    for q in status.queries], left=(0, 1, 5))
+    lines += grid(["QUERY", "LOG", "PROCESSED TO", "LAG", "LAG SECONDS", "STATE", "RUN BY"],
+                   [[q.query, q.log, _processed(q), q.lag_messages, _seconds(q),
+                     "-" if q.state_bytes is None else _size(q.state_bytes), _holder(q.held_by)]
+                    for q in status.queries], left=(0, 1, 6))
     if status.tables:
         lines.append("")
         lines += grid(["TABLE", "VERSION", "FILES", "SIZE", "FRESHNESS"],
@@ -282,6 +302,7 @@ def format_status(status: Status, fmt: str = "table", settings: Settings | None 
                       "says whether they were sent again or skipped):", *doubts]
     lines.append("")
     lines.append("LAG: its messages not processed (open ones too); LAG SECONDS: age of the oldest of them. "
+                 "STATE: its state store's files under its checkpoint (every version Spark keeps). "
                  "RUN BY: who holds the query's lock. FILES: data files of a table's current version "
                  "(`eventide upkeep` compacts them). FRESHNESS: Dagster's judgement of the table's freshness "
                  "policy (STALE: no data within its window, EVENTIDE_FRESHNESS_MINUTES).")

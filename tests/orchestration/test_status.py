@@ -161,6 +161,11 @@ def test_cli_json_shape_a_running_serve_and_lock_holders(settings, monkeypatch, 
     land(settings, "text", [b"one", b"two"])
     record_ports(settings, {"text": 1234}, queries=True)  # as `eventide serve` does; this process is alive
     lock = QueryLock(settings, "word_count", command="eventide serve")
+    # word_count's state store as Spark lays it out (state/<operator>/<partition>/...): its bytes, summed
+    words_state = {p.name: p for p in query_plans(settings)}["word_count"].checkpoint(settings) / "state" / "0"
+    for name, size in (("0/1.changelog", 1000), ("0/2.zip", 2500), ("7/1.changelog", 300), ("_metadata/v2", 46)):
+        (words_state / name).parent.mkdir(parents=True, exist_ok=True)
+        (words_state / name).write_bytes(b"x" * size)
     lock.acquire()
     try:
         assert main(["status", "--format", "json", "--app", "examples.words:app"]) == 0
@@ -183,8 +188,9 @@ def test_cli_json_shape_a_running_serve_and_lock_holders(settings, monkeypatch, 
     bronze, words = doc["queries"]
     assert list(bronze) == ["query", "app", "log", "streams", "checkpoint", "last_committed_batch",
                             "processed_segments", "processed_last_seq", "processed_offset", "lag_messages", "lag_seconds",
-                            "oldest_unprocessed", "held_by", "tcp_in_doubt", "processed_offsets"]
+                            "oldest_unprocessed", "held_by", "tcp_in_doubt", "processed_offsets", "state_bytes"]
     assert bronze["tcp_in_doubt"] == {}
+    assert (bronze["state_bytes"], words["state_bytes"]) == (None, 3846)  # bronze keeps no state
     assert bronze["checkpoint"] == str((settings.checkpoints / "bronze_text" / "v1").absolute())
     progress = [bronze[k] for k in ("log", "last_committed_batch", "processed_last_seq", "lag_messages")]
     assert progress == ["text", None, None, 2]
@@ -193,6 +199,8 @@ def test_cli_json_shape_a_running_serve_and_lock_holders(settings, monkeypatch, 
     assert held == {"pid": os.getpid(), "command": "eventide serve"}
     assert f"eventide serve: running, pid {os.getpid()}, gateway and queries; ports text=1234" in table
     assert f"eventide serve (pid {os.getpid()})" in table
+    (words_row,) = [line for line in table.splitlines() if line.startswith("word_count ")]
+    assert " 3.8 KB " in words_row
 
 
 def test_status_starts_no_spark(settings):
