@@ -93,3 +93,15 @@ def test_window_ttl_is_kept_and_checked():
         count_windows(3).over(counting()).ttl(0)
     with pytest.raises(ValueError, match="ttl_ms must be a positive"):
         state_computation("bad", state=Count, ttl_ms=-1)
+
+
+def test_state_computations_of_one_query_must_agree_on_ttl(settings):
+    from examples.market import decode_market_data, decode_order, symbol_of
+    from transforms.api import merge
+
+    mixed = Application("mixed_ttl", merge(  # merged streams of one log: one query, a key's states together
+        source("market_data", decoder=decode_market_data).key_by(symbol_of).to(count_expiring),
+        source("orders", decoder=decode_order).key_by(symbol_of).to(count_kept),
+    ).to_sink(DeltaSink("counts", schema=COUNTS, metadata=("seq",))))
+    with pytest.raises(ValueError, match="ttl_ms differ"):
+        plan_queries(mixed, settings)
