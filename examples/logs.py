@@ -127,7 +127,8 @@ log_app = Application(
     .key_by("stream")  # one window at a time per source (the stream)
     .to(window_lines)
     .to_sink(
-        DeltaSink(WINDOWS_TABLE, schema=LOG_WINDOWS_SCHEMA, accepts=WindowStatusCount),
+        # Windows close about once a day (a marker or a day change): stale after a day and its grace, not the hour.
+        DeltaSink(WINDOWS_TABLE, schema=LOG_WINDOWS_SCHEMA, accepts=WindowStatusCount, freshness_minutes=30 * 60),
         TCPSink("log_counts", encode_count_line, accepts=WindowStatusCount, optional=True),
         TCPSink("log_windows_json", encode_window_json, framed=True, accepts=WindowResult, optional=True),
     ),

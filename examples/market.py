@@ -324,8 +324,9 @@ MARKET_DESCRIPTION = "Market spread: last quote per symbol and the orders reject
 MARKET_SINKS = (
     DeltaSink(MARKET_STATE_TABLE, mode="upsert", keys=("symbol",), schema=MARKET_STATE_SCHEMA,
               accepts=SymbolQuote, metadata=("seq", "receive_time"), checks=(PRICES_VALID, reject_matches_rule)),
+    # Rejections are rare by design: a quiet table is healthy (no freshness policy; bronze_orders has one).
     DeltaSink(ORDER_REJECTIONS_TABLE, schema=ORDER_REJECTIONS_SCHEMA, accepts=OrderRejection,
-              metadata=("seq", "receive_time"), checks=(rejections_accounted,)),
+              metadata=("seq", "receive_time"), checks=(rejections_accounted,), freshness_minutes=0),
     TCPSink(ORDER_RESULTS_SINK, encode_rejection, framed=True, accepts=OrderRejection, optional=True),
 )
 
