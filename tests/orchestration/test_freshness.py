@@ -37,11 +37,14 @@ def test_the_tables_fed_by_streams_and_the_summary_carry_freshness_policies(monk
     monkeypatch.setenv("EVENTIDE_FRESHNESS_MINUTES", "30")
     graph = build_definitions(Settings().registry).resolve_asset_graph()
     policies = {n.key.to_user_string(): n.freshness_policy for n in graph.asset_nodes}
-    fed_by_streams = ["bronze_log_lines", "bronze_market_data", "bronze_orders", "bronze_text", "log_windows",
-                      "market_state", "order_rejections", "word_count_updates", "word_totals"]
+    fed_by_streams = ["bronze_log_lines", "bronze_market_data", "bronze_orders", "bronze_text",
+                      "market_state", "word_count_updates", "word_totals"]
     for table in fed_by_streams:
         assert policies[table] == dg.FreshnessPolicy.time_window(fail_window=dt.timedelta(minutes=30),
                                                                  warn_window=dt.timedelta(minutes=15)), table
+    # A sink's own freshness_minutes wins: log_windows closes about daily, order_rejections is quiet when healthy.
+    assert policies["log_windows"].fail_window.to_timedelta() == dt.timedelta(hours=30)
+    assert policies["order_rejections"] is None
     assert policies[SUMMARY_TABLE].fail_window.to_timedelta() == dt.timedelta(days=1, hours=7)  # grace 6 h + the hourly clock
     assert policies["quarantine"] is None and policies["landing_logs"] is None
     monkeypatch.setenv("EVENTIDE_FRESHNESS_MINUTES", "0")
