@@ -46,8 +46,12 @@ def land(settings: Settings, stream: str, payloads, connection: str = "test") ->
 # `make test` spreads the modules over two workers (pytest-xdist, --dist loadfile): the longest go
 # first, so none of them starts last and runs alone at the end (from `--durations`, 2026-11-25).
 LONGEST_FIRST = [
+    "tests/assets/test_logs_automation.py",
     "tests/orchestration/test_serve_crash.py",
+    "tests/transforms/ingestion/test_kafka_acceptance.py",
     "tests/transforms/test_exactly_once.py",
+    "tests/transforms/ingestion/test_kafka_sink.py",
+    "tests/transforms/ingestion/test_kafka_sink_serve.py",
     "tests/orchestration/test_cluster.py",
     "tests/transforms/ingestion/test_kafka_faults.py",
     "tests/orchestration/test_run_again.py",
@@ -57,6 +61,9 @@ LONGEST_FIRST = [
     "tests/orchestration/test_new.py",
     "tests/transforms/engine/test_keyed_state.py",
     "tests/transforms/test_lake.py",
+    "tests/transforms/ingestion/test_kafka_source_cli.py",
+    "tests/transforms/ingestion/test_kafka_source.py",
+    "tests/orchestration/test_ui_backfill.py",
 ]
 
 
