@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import random
@@ -413,7 +414,10 @@ SERVE = (
 
 class Service:
     """`serve_forever` (or the command `argv`, e.g. `eventide serve`) in a child process, its output
-    collected by a thread."""
+    collected by a thread. In a session of its own: whatever a test leaves running (a failed assert
+    before its stop) is killed with its JVM and workers after the test (tests/conftest.py)."""
+
+    live: list[Service] = []
 
     def __init__(self, env: dict[str, str], cwd: Path, argv: list[str] | None = None):
         self.lines: queue.Queue[str] = queue.Queue()
@@ -425,6 +429,7 @@ class Service:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
+            start_new_session=True,
             # The test runner may run with SIGTERM ignored; children inherit dispositions.
             preexec_fn=lambda: (
                 signal.signal(signal.SIGTERM, signal.SIG_DFL),
@@ -432,6 +437,13 @@ class Service:
             ),
         )
         threading.Thread(target=self._read, daemon=True).start()
+        Service.live.append(self)
+
+    def kill_all(self) -> None:
+        """SIGKILL to the service's whole session (its JVM and Python workers too), if any is left."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(30)
 
     def _read(self) -> None:
         for line in self.proc.stdout:
