@@ -48,6 +48,20 @@ class LateEvent:
     message: Any
 
 
+def handled_late(policy: LatePolicy, state, allowed_lateness_ms: int, key: str, seq: int, event_ms: int, msg: Any,
+                 out: Emitted) -> bool:
+    """True when `event_ms` is behind the key's watermark (`state.watermark`): the message is then routed
+    as a LateEvent or counted in `state.dropped_late`, as the late policy says, and folded nowhere."""
+    wm = state.watermark(allowed_lateness_ms)
+    if wm is None or event_ms >= wm:
+        return False
+    if policy is LatePolicy.ROUTE:
+        out.late.append(LateEvent(key, seq, event_ms, wm, msg))
+    else:
+        state.dropped_late += 1
+    return True
+
+
 class EventTimeState:
     """Keyed state: open windows by start, the key's max event time and late-message count."""
 
@@ -107,12 +121,7 @@ class EventTimeWindows:
         treat it as late; close what the key's watermark passed."""
         out = Emitted()
         event_ms = int(event_ms)
-        wm = state.watermark(self.allowed_lateness_ms)
-        if wm is not None and event_ms < wm:
-            if self.late_policy is LatePolicy.ROUTE:
-                out.late.append(LateEvent(key, seq, event_ms, wm, msg))
-            else:
-                state.dropped_late += 1
+        if handled_late(self.late_policy, state, self.allowed_lateness_ms, key, seq, event_ms, msg, out):
             return out
         for start in self.starts_of(event_ms):
             w = state.windows.get(start)

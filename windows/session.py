@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from windows.core import Aggregator, CloseReason, Emitted, OpenWindow, QuietClose, WindowResult, close
-from windows.event_time import LateEvent, LatePolicy
+from windows.event_time import LatePolicy, handled_late
 
 
 class SessionState:
@@ -90,12 +90,7 @@ class SessionWindows:
         """Fold `msg` of time `event_ms` (processing time: pass the clock as both) received at `now_ms`."""
         out = Emitted()
         t = int(event_ms)
-        wm = state.watermark(self.allowed_lateness_ms)
-        if wm is not None and t < wm:
-            if self.late_policy is LatePolicy.ROUTE:
-                out.late.append(LateEvent(key, seq, t, wm, msg))
-            else:
-                state.dropped_late += 1
+        if handled_late(self.late_policy, state, self.allowed_lateness_ms, key, seq, t, msg, out):
             return out
         joined = [w for w in state.sessions if w.start_ms < t + self.gap_ms and t < w.end_ms]
         if joined:
