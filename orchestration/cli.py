@@ -316,6 +316,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("run", help="process everything landed so far through Dagster (pipelines, summaries, checks)")
     s.add_argument("--pipelines-only", action="store_true", help="skip the daily summaries")
+    s.add_argument("--close-windows", action="store_true",
+                   help="the input is finished: close every key's open windows at the end (reason end_of_input; "
+                        "also EVENTIDE_CLOSE_WINDOWS=1)")
     _app_option(s)
     s.set_defaults(fn=cmd_run)
 
@@ -401,6 +404,9 @@ def _settings(args):
     apps = getattr(args, "app", None)
     if apps:
         os.environ["EVENTIDE_APPS"] = ",".join(apps)
+        reset_settings()
+    if getattr(args, "close_windows", False):  # the assets read the settings from the environment too
+        os.environ["EVENTIDE_CLOSE_WINDOWS"] = "1"
         reset_settings()
     return get_settings()
 

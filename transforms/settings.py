@@ -97,6 +97,9 @@ class Settings:
     bronze_trigger_interval: float = 10.0
     # `eventide serve`: at most one Dagster event per table in this many seconds.
     report_interval: float = 5.0
+    # `eventide run --close-windows`: at the end of each run, close every key's open windows (reason
+    # end_of_input; see transforms/engine/close_windows.py). Never by default: more data may land.
+    close_windows: bool = False
     # Daily summaries
     partitions_start: str = "2004-03-01"
     day_grace_hours: float = 6.0

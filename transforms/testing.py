@@ -116,7 +116,8 @@ class AppResult:
 
 
 def run_app(app: Application, messages: Messages, settings: Settings | None = None, spark=None,
-            pipeline: int | str | None = None, keep: bool = False, kafka: str | None = None) -> AppResult:
+            pipeline: int | str | None = None, keep: bool = False, kafka: str | None = None,
+            close_windows: bool = False) -> AppResult:
     """Land `messages`, run `app` on them (all of them, trigger availableNow) and return its outputs.
 
     `settings`: options for the run (e.g. `fail_fast=True`); its home and registered apps are replaced
@@ -124,7 +125,8 @@ def run_app(app: Application, messages: Messages, settings: Settings | None = No
     `pipeline`: run only this pipeline of `app` (its index, or the name given with `.named(...)`).
     `keep=True`: keep the temporary home (`result.home`) to look at afterwards. `kafka`: a broker
     ("HOST:PORT") for an app with a kafka_source or a KafkaSink (see the module's docstring); without it
-    such a source stops the run with a ValueError saying so.
+    such a source stops the run with a ValueError saying so. `close_windows=True`: close every open
+    window at the end, as `eventide run --close-windows` does (reason `end_of_input`).
     """
     from transforms.engine import QUARANTINE_TABLE, run_application
     from transforms.registry import registry_of
@@ -140,7 +142,8 @@ def run_app(app: Application, messages: Messages, settings: Settings | None = No
     registry = registry_of([app])
     home = Path(tempfile.mkdtemp(prefix=f"eventide-{app.name}-"))
     base = settings if settings is not None else Settings()
-    run_settings = dataclasses.replace(base, home=home, app_registry=registry, log="landing")  # in-memory messages: the embedded log
+    run_settings = dataclasses.replace(base, home=home, app_registry=registry, log="landing",
+                                       close_windows=close_windows or base.close_windows)  # in-memory messages: the embedded log
     listeners: dict[str, _Listener] = {}
     try:
         _land(run_settings, landed)

@@ -47,6 +47,7 @@ from windows import (
     EventTimeState,
     EventTimeWindows,
     LatePolicy,
+    QuietClose,
     SessionState,
     SessionWindows,
     TriggerState,
@@ -193,6 +194,16 @@ class WindowComputation(StateComputation):
         return replace(self.kind.build(self.window, self.name, self.state, self.outputs, False, every, every_ms),
                        ttl_ms=self.ttl_ms)
 
+    # -- end of input (`eventide run --close-windows`; the engine calls these, see close_windows.py) --
+    def open_at_end(self, state: Any) -> bool:
+        """Whether the key's window state has an open window (one `close_at_end` would close)."""
+        return state is not None and bool(self.window.open_windows(state))
+
+    def close_at_end(self, key: str, state: Any, ctx: Context) -> list:
+        """Close every open window of the key (reason `end_of_input`): its output rows."""
+        run = _Run(self.kind, self.window, self.outputs)
+        return run.rows(self.kind.close_all(self.window, state, ctx))
+
 
 @dataclass(frozen=True)
 class _Run:
@@ -276,6 +287,10 @@ class _WindowKind:
 
     def process_frame(self, window: Any, state: Any, ctx: Context, frame: pd.DataFrame) -> Emitted:
         raise NotImplementedError
+
+    def close_all(self, window: Any, state: Any, ctx: Context) -> Emitted:
+        """The input ended: close every open window of the key (`QuietClose.END_OF_INPUT`)."""
+        return window.close_all(state, ctx.key, QuietClose.END_OF_INPUT)
 
     def over(self, aggregator: Aggregator, *, name: str | None = None, state: type | None = None,
              outputs: Callable[[Any], Any] | None = None) -> WindowComputation:
@@ -417,6 +432,10 @@ class WallClockWindowKind(_WindowKind):
 
     def process(self, window: WallClockWindows, state, ctx: Context, msg) -> Emitted:
         return window.process(state, ctx.key, ctx.seq, ctx.processing_time_ms, msg)
+
+    def close_all(self, window: WallClockWindows, state, ctx: Context) -> Emitted:
+        # Cut at the clock: a later message of the same period opens a window with other bounds.
+        return window.close_all(state, ctx.key, QuietClose.END_OF_INPUT, now_ms=ctx.processing_time_ms or None)
 
 
 def wall_clock_windows(size_ms: int) -> WallClockWindowKind:

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from windows.core import Aggregator, CloseReason, Emitted, OpenWindow, WindowResult, close
+from windows.core import Aggregator, CloseReason, Emitted, OpenWindow, QuietClose, WindowResult, close
 
 
 class CountState:
@@ -93,6 +93,16 @@ class CountWindows:
     def open_windows(self, state: CountState) -> list[OpenWindow]:
         return [state.windows[s] for s in sorted(state.windows)]
 
+    def close_all(self, state: CountState, key: str, reason: CloseReason | QuietClose,
+                  out: Emitted | None = None) -> Emitted:
+        """Close every open (partial) window, oldest first, and count the key's messages from 0 again:
+        the input ended, so its next message starts fresh windows rather than a partial one's remainder."""
+        out = out if out is not None else Emitted()
+        for start in sorted(state.windows):
+            out.windows.append(close(key, state.windows.pop(start), reason))
+        state.seen = 0
+        return out
+
     # -- helpers ------------------------------------------------------------------------------
     def _open(self, state: CountState, start: int) -> OpenWindow:
         w = state.windows.get(start)
@@ -106,15 +116,19 @@ class CountWindows:
 
 
 def reference_count_windows(aggregator: Aggregator, size: int, slide: int | None, key: str,
-                            seqs: Sequence[int], messages: Sequence[Any]) -> list[WindowResult]:
+                            seqs: Sequence[int], messages: Sequence[Any],
+                            end_of_input: bool = False) -> list[WindowResult]:
     """The closed count windows of one key's whole input (messages in sequence order), by slicing:
-    the plain form the incremental ones must equal."""
+    the plain form the incremental ones must equal. `end_of_input`: the input ended and was closed
+    (`close_all`): the partial windows it left follow, reason `end_of_input`."""
     CountWindows(aggregator, size, slide)  # the same checks
     out = []
-    for start in range(0, len(messages) - size + 1, slide or size):
+    last_start = len(messages) - 1 if end_of_input else len(messages) - size
+    for start in range(0, last_start + 1, slide or size):
+        part = messages[start:start + size]
         value = aggregator.create()
-        for m in messages[start:start + size]:
+        for m in part:
             value = aggregator.add(value, m)
-        window = OpenWindow(value, first_seq=seqs[start], last_seq=seqs[start + size - 1], size=size)
-        out.append(close(key, window, CloseReason.COUNT))
+        window = OpenWindow(value, first_seq=seqs[start], last_seq=seqs[start + len(part) - 1], size=len(part))
+        out.append(close(key, window, CloseReason.COUNT if len(part) == size else QuietClose.END_OF_INPUT))
     return out

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from windows.core import Aggregator, CloseReason, Emitted, OpenWindow, close
+from windows.core import Aggregator, CloseReason, Emitted, OpenWindow, QuietClose, close
 
 DEFAULT_MARKER = "END_OF_DAY"
 
@@ -143,13 +143,20 @@ class TriggerWindows:
     def open_windows(self, state: TriggerState) -> list[OpenWindow]:
         return [state.open] if state.open is not None and state.open.size else []
 
+    def close_all(self, state: TriggerState, key: str, reason: CloseReason | QuietClose,
+                  out: Emitted | None = None) -> Emitted:
+        """Close the open window (if it holds messages) as if its marker had come, with `reason`."""
+        out = out if out is not None else Emitted()
+        self._close(state, key, reason, out)
+        return out
+
     # -- helpers ------------------------------------------------------------------------------
     def _open(self, state: TriggerState, boundary: Hashable) -> OpenWindow:
         if state.open is None:
             state.open = OpenWindow(self.aggregator.create(), boundary=boundary)
         return state.open
 
-    def _close(self, state: TriggerState, key: str, reason: CloseReason, out: Emitted) -> None:
+    def _close(self, state: TriggerState, key: str, reason: CloseReason | QuietClose, out: Emitted) -> None:
         if state.open is not None and state.open.size:
             out.windows.append(close(key, state.open, reason))
         state.open = None

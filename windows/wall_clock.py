@@ -18,11 +18,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from windows.core import Aggregator, CloseReason, Emitted, OpenWindow, close
+from windows.core import Aggregator, CloseReason, Emitted, OpenWindow, QuietClose, close
 
 
 class WallClockState:
     """Keyed state of wall-clock windows: the key's open window (None between windows)."""
+
+    # A window closed early (end of input) ended here: the next one of its period starts here, not at
+    # the period's start, so no two windows share bounds. (A class default: older pickles lack it.)
+    resume_ms: int | None = None
 
     def __init__(self) -> None:
         self.open: OpenWindow | None = None
@@ -44,7 +48,10 @@ class WallClockWindows:
         out = self.on_timer(state, key, now_ms)
         if state.open is None:
             start = int(now_ms) - int(now_ms) % self.size_ms
-            state.open = OpenWindow(self.aggregator.create(), start_ms=start, end_ms=start + self.size_ms)
+            end = start + self.size_ms
+            if state.resume_ms is not None and start < state.resume_ms < end:
+                start = state.resume_ms
+            state.open = OpenWindow(self.aggregator.create(), start_ms=start, end_ms=end)
             out.timers.append(state.open.end_ms)
         w = state.open
         w.value = self.aggregator.add(w.value, msg)
@@ -53,6 +60,19 @@ class WallClockWindows:
 
     def open_windows(self, state: WallClockState) -> list[OpenWindow]:
         return [state.open] if state.open is not None else []
+
+    def close_all(self, state: WallClockState, key: str, reason: CloseReason | QuietClose,
+                  out: Emitted | None = None, now_ms: int | None = None) -> Emitted:
+        """Close the open window before its end, with `reason`: it ends at `now_ms` (if earlier), and a
+        message later in its period opens `[now_ms, period end)`. Its timer later finds nothing to close."""
+        out = out if out is not None else Emitted()
+        if state.open is not None:
+            w, state.open = state.open, None
+            if now_ms is not None and int(now_ms) < w.end_ms:
+                w.end_ms = max(int(now_ms), w.start_ms + 1)  # never empty bounds
+            state.resume_ms = w.end_ms
+            out.windows.append(close(key, w, reason))
+        return out
 
     def on_timer(self, state: WallClockState, key: str, now_ms: int) -> Emitted:
         """Close the open window if its end is due at `now_ms` (a timer's expiry or the current time)."""

@@ -265,7 +265,7 @@ def _envelope_frame(rows: list[tuple], key: str) -> pd.DataFrame:
 class _Input:
     """One group's input rows (sorted: each key's rows together, in sequence order) as lists."""
 
-    __slots__ = ("df", "seqs", "parts", "branch", "msgs")
+    __slots__ = ("df", "seqs", "parts", "branch", "msgs", "closes")
 
     def __init__(self, df: pd.DataFrame) -> None:
         self.df = df
@@ -273,6 +273,8 @@ class _Input:
         self.parts = df["part"].tolist()
         self.branch = df["branch"].tolist()
         self.msgs = df["msg"].tolist()
+        # Rows that are close records (engine/close_windows.py), by position: usually none.
+        self.closes = set(np.flatnonzero(df["kind"].to_numpy() == "close").tolist())
 
 
 def _run_key(df: pd.DataFrame, states: dict, branches: tuple, fail_fast: bool, columns: list[str] | None = None,
@@ -288,7 +290,7 @@ def _run_rows(out: _Rows, rows: _Input, lo: int, hi: int, states: dict, branches
               columns: list[str] | None, ctx: Context) -> None:
     """Apply rows lo..hi (one key's, in sequence order) to the key's state; runs of one batch-form
     branch go together. Outputs go to `out`, naming their input row by its position in `rows`."""
-    df, seqs, parts, branch_col, msgs = rows.df, rows.seqs, rows.parts, rows.branch, rows.msgs
+    df, seqs, parts, branch_col, msgs, closes = rows.df, rows.seqs, rows.parts, rows.branch, rows.msgs, rows.closes
     plans = []  # per branch: (state computation or None, steps after it)
     for b in branches:
         post = b.post_steps
@@ -298,11 +300,16 @@ def _run_rows(out: _Rows, rows: _Input, lo: int, hi: int, states: dict, branches
             plans.append((None, post))
     i = lo
     while i < hi:
+        if i in closes:
+            ctx.seq, ctx.row = seqs[i], (df, i)
+            _close_at_end(out, seqs[i], i, plans, states, fail_fast, ctx)
+            i += 1
+            continue
         bno = branch_col[i]
         sc, rest = plans[bno]
         if sc is not None and sc.batch:
             j = i
-            while j < hi and plans[branch_col[j]][0] is sc:  # a shared (merged) computation takes every branch
+            while j < hi and j not in closes and plans[branch_col[j]][0] is sc:  # a shared (merged) computation takes every branch
                 j += 1
             if columns is not None:  # columnar plan: the messages are the decoded columns themselves
                 whole = i == 0 and j == len(df)
@@ -331,6 +338,27 @@ def _run_rows(out: _Rows, rows: _Input, lo: int, hi: int, states: dict, branches
             for j, o in enumerate(outs):
                 out.add("out", seqs[i], base + j, bno, dumps(o), None, None, i)
         i += 1
+
+
+def _close_at_end(out: _Rows, seq: int, row: int, plans: list, states: dict, fail_fast: bool, ctx: Context) -> None:
+    """A close record for the key: each window step (`close_at_end`, once if merged) closes every open
+    window; its outputs answer the record. Other state computations are not called."""
+    fired, part = set(), 0
+    for bno, (sc, rest) in enumerate(plans):
+        hook = getattr(sc, "close_at_end", None)
+        if hook is None or id(sc) in fired:
+            continue
+        fired.add(id(sc))
+        try:
+            outs = call_user(f"{sc.name} (close at end of input)", fail_fast, hook, ctx.key, _state_for(states, sc), ctx)
+            outs = apply_steps(rest, outs, fail_fast) if rest else outs
+        except Quarantined as q:
+            out.add("quarantine", seq, part, bno, None, q.step, q.reason, row)
+            part += 1
+            continue
+        for o in outs:
+            out.add("out", seq, part, bno, dumps(o), None, None, row)
+            part += 1
 
 
 def _run_batch(out: _Rows, seqs, parts, branch_col, frame: pd.DataFrame, i, j, sc: StateComputation, rest, states,

@@ -17,3 +17,4 @@ class RunReport:
     max_lag_seconds: float | None = None
     held_by: str | None = None  # not run: another process holds the query's lock (see locks.py)
     tcp_in_doubt: list[int] = field(default_factory=list)  # TCP batches found in doubt (sinks.TCPSinkWriter)
+    closed_keys: int = 0  # --close-windows: keys whose open windows this run closed at the end of input

@@ -18,6 +18,13 @@ from collections.abc import Callable
 
 from transforms.api import Application
 from transforms.engine.checkpoints import batch_ids
+from transforms.engine.close_windows import (
+    close_due,
+    keep_close_records,
+    land_close_records,
+    open_keys,
+    record_closed,
+)
 from transforms.engine.envelope import ENVELOPE, TICK_STREAM
 from transforms.engine.keyed_state import (
     BucketedStateProcessor,
@@ -40,7 +47,7 @@ def build_stream(spark, plan: QueryPlan, settings: Settings, layout: StateLayout
     """The streaming DataFrame of a plan, up to the sinks. `layout`: how a keyed plan's state is
     grouped (its checkpoint's, see keyed_state.state_layout)."""
     df = plan_log(settings, plan).source(spark, plan)  # the home's log, or a kafka_source's topic
-    df = df.where(df.stream.isin(plan.streams))
+    df = keep_close_records(df.where(df.stream.isin(plan.streams)), plan)
     if not plan.quarantine_landing_errors:
         df = df.where(df.landing_error.isNull())
     if plan.timers:
@@ -106,10 +113,31 @@ def run_query(spark, plan: QueryPlan, settings: Settings, tcp_addresses: dict[st
         if nothing_new(plan, settings):
             if progress:
                 progress(f"{plan.name}: nothing new since its last committed batch")
-            return report
-        return _run_locked(spark() if callable(spark) else spark, plan, settings, addresses, report, progress)
+        else:
+            spark = spark() if callable(spark) else spark
+            report = _run_locked(spark, plan, settings, addresses, report, progress)
+        if settings.close_windows and close_due(settings, plan):
+            _close_windows(spark() if callable(spark) else spark, plan, settings, addresses, report, progress)
+        return report
     finally:
         lock.release()
+
+
+def _close_windows(spark, plan: QueryPlan, settings: Settings, addresses: dict, report: RunReport,
+                   progress: Callable[[str], None] | None) -> None:
+    """Close every key's open windows (see close_windows.py): land a close record per key that has one,
+    run the query again over them, and remember that this state is closed."""
+    layout = state_layout(plan, plan.checkpoint(settings), settings.state_layout)
+    keys = open_keys(spark, plan, settings, layout)
+    if keys:
+        land_close_records(settings, plan, keys)
+        rows = report.input_rows
+        _run_locked(spark, plan, settings, addresses, report, progress)
+        report.input_rows += rows
+    report.closed_keys = len(keys)
+    record_closed(settings, plan)
+    if progress:
+        progress(f"{plan.name}: closed the open windows of {len(keys)} key(s) (end of input)")
 
 
 def _run_locked(spark, plan: QueryPlan, settings: Settings, addresses: dict, report: RunReport,

@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from transforms.api import Computation, Reject, UserFunctionError, to_record
+from transforms.engine.close_windows import closable, split_close_records
 from transforms.engine.envelope import (
     DECODED_PREFIX,
     ENVELOPE,
@@ -201,6 +202,8 @@ def make_pre_stage(plan: QueryPlan, fail_fast: bool) -> Callable[[Iterator[pa.Re
         stage = _make_envelope_stage(plan, fail_fast)
     else:
         stage = make_columnar_stage(plan, fail_fast)
+    if closable(plan):  # close records (eventide run --close-windows) reach their key undecoded
+        stage = split_close_records(plan, stage)
     if not plan.timers:
         return stage
 
