@@ -8,6 +8,7 @@ Results: bench/results/latest.json and bench/results/latest.md (a copy per run, 
     python -m bench.run --quick               # small sizes, a smoke run
     python -m bench.run --only peers          # Bytewax 0.21, a loop and Eventide (needs the bench extra)
     python -m bench.run --only kafka          # Kafka as the log against the landing folder (--quick: 50k lines)
+    python -m bench.run --only sessions       # session windows against Bytewax's (--quick: 100k events, 10k keys)
 """
 
 from __future__ import annotations
@@ -102,13 +103,26 @@ def _benchmarks(quick: bool) -> dict:
         else:
             bench_kafka(r, save=RESULTS / f"kafka-{dt.date.today().isoformat()}.json")
 
+    def sessions(r):
+        from bench.sessions import EVENTS, KEYS, QUICK, bench_sessions
+
+        # Session windows over 1M events and 100k keys: `eventide ingest` + `eventide run` against Bytewax's
+        # SessionWindower, whole processes, then steady state in this process; the reference is the oracle.
+        # Full: about 25 minutes on 2 cores; it also writes bench/results/sessions-<date>.json.
+        if quick:
+            bench_sessions(r, **QUICK, steady=True)
+        else:
+            bench_sessions(r, EVENTS, KEYS, steady=True,
+                           save=RESULTS / f"sessions-{dt.date.today().isoformat()}.json")
+
     return {"gateway": gateway, "bronze": bronze, "words": words, "market": market, "logs": logs,
-            "latency": latency, "scale": scale, "peers": peers, "fixed": fixed, "kafka": kafka}
+            "latency": latency, "scale": scale, "peers": peers, "fixed": fixed, "kafka": kafka,
+            "sessions": sessions}
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--only", help="comma-separated: gateway,bronze,words,market,logs,latency,scale,peers,fixed,kafka")
+    p.add_argument("--only", help="comma-separated: gateway,bronze,words,market,logs,latency,scale,peers,fixed,kafka,sessions")
     p.add_argument("--quick", action="store_true")
     args = p.parse_args(argv)
     benches = _benchmarks(args.quick)
