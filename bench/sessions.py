@@ -22,21 +22,22 @@ Three implementations on that file:
 - reference: windows.session.reference_sessions per key over the whole file, in this process: the
   oracle (a batch over the whole input; its time is recorded, not compared).
 
-What closes at the end of input differs, and the check says so: Eventide closes a session when the
-key's watermark (its latest event time minus the lateness) passes the session's end, and nothing at
-the end of input (`eventide run --close-windows` had not landed when this was written), so a key's last
-sessions stay open in its state; Bytewax closes every session at the end of input. Hence, exactly:
+What closes at the end of input: Bytewax closes every session at the end of its input. Eventide closes
+a session when the key's watermark (its latest event time minus the lateness) passes the session's end,
+and by default nothing at the end of input; the benchmark runs `eventide run --close-windows`, which
+closes every open session at the end (reason `end_of_input`), so all three must give every session.
+With `--watermark-only` it runs plain `eventide run` (a key's last sessions stay open in its state) and
+Eventide's sessions are compared with the reference's closed ones only. Exactly, as sorted lists:
 
-- Eventide's sessions (key, start_ms, end_ms, count, sum) = the reference's closed sessions;
-- Bytewax's sessions = the reference's closed and still-open sessions (Bytewax's bounds are its first
-  and last event: end_ms = last + gap);
-- so every session Eventide closed is one of Bytewax's, equal;
+- Bytewax's sessions (key, start_ms, end_ms, count, sum) = the reference's closed and still-open
+  sessions (Bytewax's bounds are its first and last event: end_ms = last + gap);
+- Eventide's = the same (`--close-windows`), or the reference's closed ones (`--watermark-only`);
 - the late events (key, event_ms) are the same multiset in all three.
 
 Any difference raises. Results: flat keys in bench/results/latest.json via `python -m bench.run --only
 sessions` and the nested form in bench/results/sessions-<date>.json (size, timings, load averages).
 
-    python -m bench.sessions [--events 1000000] [--keys 100000] [--repeats 1] [--steady] [--quick]
+    python -m bench.sessions [--events 1000000] [--keys 100000] [--repeats 1] [--steady] [--watermark-only] [--quick]
 
 Needs the bench extra (`pip install -e '.[bench]'`, `make bench` does it). Progress on stderr.
 """
@@ -241,30 +242,41 @@ def run_bytewax_in_process(inp: Path, out: Path) -> float:
     return time.perf_counter() - started
 
 
-def run_eventide_processes(inp: Path, home: Path, work: Path) -> dict:
-    """`eventide ingest` then `eventide run` over a fresh `home`, each timed spawn to exit."""
+def run_eventide_processes(inp: Path, home: Path, work: Path, close_windows: bool) -> dict:
+    """`eventide ingest` then `eventide run [--close-windows]` over a fresh `home`, each timed spawn to exit."""
     shutil.rmtree(home, ignore_errors=True)
     env = child_env(EVENTIDE_HOME=str(home))
     ingest_s = timed_process([*eventide_cmd(), "ingest", STREAM, str(inp), "--lines", "--app", APP], env,
                              work / "eventide-ingest.log")
-    run_s = timed_process([*eventide_cmd(), "run", "--app", APP], env, work / "eventide-run.log")
+    run_s = timed_process([*eventide_cmd(), "run", "--app", APP, *(["--close-windows"] if close_windows else [])],
+                          env, work / "eventide-run.log")
     return {"ingest_s": ingest_s, "run_s": run_s, "total_s": ingest_s + run_s}
 
 
-def _eventide_in_process(landed: Path, home: Path) -> tuple[float, float]:
+def _eventide_in_process(landed: Path, home: Path, close_windows: bool) -> tuple[float, float]:
     """`run_all` over a fresh copy of `landed` on this process's Spark: (seconds, the app query's seconds)."""
+    import dataclasses
+
     from bench.logs import timed_run_all
     from bench.peers import _eventide_env
 
     fresh_home(landed, home)
-    with _eventide_env(home, APP) as settings:
-        run = timed_run_all(settings, summaries=False)
+    saved = os.environ.pop("EVENTIDE_CLOSE_WINDOWS", None)
+    if close_windows:  # what `run --close-windows` does: the assets read the environment's settings too
+        os.environ["EVENTIDE_CLOSE_WINDOWS"] = "1"
+    try:
+        with _eventide_env(home, APP) as settings:
+            run = timed_run_all(dataclasses.replace(settings, close_windows=close_windows), summaries=False)
+    finally:
+        os.environ.pop("EVENTIDE_CLOSE_WINDOWS", None)
+        if saved is not None:
+            os.environ["EVENTIDE_CLOSE_WINDOWS"] = saved
     app_s = sum(q["seconds"] for q in run["queries"] if not q["query"].startswith("bronze_"))
     return run["total_s"], app_s
 
 
 def bench_sessions(results: dict, events: int = EVENTS, keys: int = KEYS, repeats: int = 1, steady: bool = True,
-                   save: Path | None = None) -> dict:
+                   close_windows: bool = True, save: Path | None = None) -> dict:
     """Fill `results` (flat keys), write the nested form to `save` if given, return it. Raises
     AssertionError when an implementation's sessions or late events differ from the reference."""
     from importlib.metadata import version
@@ -273,8 +285,11 @@ def bench_sessions(results: dict, events: int = EVENTS, keys: int = KEYS, repeat
                     "machine": f"{os.cpu_count()} cores", "bytewax_version": version("bytewax"),
                     "gap_ms": GAP_MS, "allowed_lateness_ms": LATENESS_MS, "repeats": repeats,
                     "load_average_at_start": _load(),
-                    "closing": "Eventide: by the key's watermark only (no close at end of input); Bytewax: "
-                               "every session at end of input; compared as the module docstring says"}
+                    "close_windows": close_windows,
+                    "closing": ("Eventide: by the key's watermark, and every open session at the end "
+                                "(eventide run --close-windows)" if close_windows else
+                                "Eventide: by the key's watermark only (plain eventide run)")
+                    + "; Bytewax: every session at end of input; compared as bench/sessions.py's docstring says"}
     work = Path(tempfile.mkdtemp(prefix="eventide-bench-sessions-"))
     started = time.time()
     try:
@@ -289,6 +304,8 @@ def bench_sessions(results: dict, events: int = EVENTS, keys: int = KEYS, repeat
                                "events_in_closed_sessions": sum(s[3] for s in closed)}
         progress(f"reference: {nested['reference']}")
         everything = sorted(closed + still_open)
+        eventide_want = everything if close_windows else closed
+        eventide_what = "the reference's closed and open" if close_windows else "the reference's closed"
 
         cold: dict[str, list] = {"bytewax": [], "eventide_ingest": [], "eventide_run": [], "eventide_total": []}
         loads = []
@@ -299,9 +316,9 @@ def bench_sessions(results: dict, events: int = EVENTS, keys: int = KEYS, repeat
             check(f"bytewax (cold #{r + 1})", sessions, blate, everything, late, "the reference's closed and open")
             cold["bytewax"].append(s)
             progress(f"bytewax cold #{r + 1}: {s:.1f} s ({events / s:,.0f} events/s), {len(sessions):,} sessions, agrees")
-            e = run_eventide_processes(inp, work / "eventide-home", work)
+            e = run_eventide_processes(inp, work / "eventide-home", work, close_windows)
             sessions, elate, reasons = read_eventide(work / "eventide-home")
-            check(f"eventide (cold #{r + 1})", sessions, elate, closed, late, "the reference's closed")
+            check(f"eventide (cold #{r + 1})", sessions, elate, eventide_want, late, eventide_what)
             nested["eventide_close_reasons"] = dict(reasons)
             for k in ("ingest", "run", "total"):
                 cold[f"eventide_{k}"].append(e[f"{k}_s"])
@@ -315,7 +332,8 @@ def bench_sessions(results: dict, events: int = EVENTS, keys: int = KEYS, repeat
         nested["cold"]["eventide_run_only_vs_bytewax_ratio"] = round(b / statistics.median(cold["eventide_run"]), 4)
 
         if steady:
-            nested["steady"] = _steady(work, inp, events, repeats, closed, everything, late)
+            nested["steady"] = _steady(work, inp, events, repeats, everything, late, close_windows, eventide_want,
+                                       eventide_what)
         nested["agree"] = True
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -341,7 +359,8 @@ def bench_sessions(results: dict, events: int = EVENTS, keys: int = KEYS, repeat
     return nested
 
 
-def _steady(work: Path, inp: Path, events: int, repeats: int, closed: list, everything: list, late: Counter) -> dict:
+def _steady(work: Path, inp: Path, events: int, repeats: int, everything: list, late: Counter, close_windows: bool,
+            eventide_want: list, eventide_what: str) -> dict:
     from transforms import spark as spark_module
     from transforms.settings import Settings
 
@@ -358,7 +377,7 @@ def _steady(work: Path, inp: Path, events: int, repeats: int, closed: list, ever
     out: dict = {"spark_start_s": round(time.perf_counter() - started, 1), "load_average_before": _load()}
     try:
         run_bytewax_in_process(warm_inp, work / "warm-bytewax")
-        warm_s, _ = _eventide_in_process(warm_landed, work / "warm-home")
+        warm_s, _ = _eventide_in_process(warm_landed, work / "warm-home", close_windows)
         progress(f"steady: warm-ups done (Eventide {warm_s:.1f} s)")
         times: dict[str, list] = {"bytewax": [], "eventide_run": [], "eventide_app_query": []}
         for r in range(repeats):
@@ -367,9 +386,9 @@ def _steady(work: Path, inp: Path, events: int, repeats: int, closed: list, ever
             check(f"bytewax (steady #{r + 1})", sessions, blate, everything, late, "the reference's closed and open")
             times["bytewax"].append(s)
             home = work / "eventide-steady-home"
-            total_s, app_s = _eventide_in_process(landed, home)
+            total_s, app_s = _eventide_in_process(landed, home, close_windows)
             sessions, elate, _ = read_eventide(home)
-            check(f"eventide (steady #{r + 1})", sessions, elate, closed, late, "the reference's closed")
+            check(f"eventide (steady #{r + 1})", sessions, elate, eventide_want, late, eventide_what)
             shutil.rmtree(home, ignore_errors=True)
             times["eventide_run"].append(total_s)
             times["eventide_app_query"].append(app_s)
@@ -391,6 +410,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--keys", type=int, default=KEYS)
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--steady", action="store_true", help="also steady state, in this process")
+    p.add_argument("--watermark-only", action="store_true",
+                   help="plain `eventide run` (no --close-windows): compare Eventide with the reference's closed sessions")
     p.add_argument("--quick", action="store_true", help="100,000 events over 10,000 keys; no results file")
     p.add_argument("--out", type=Path, help="the results file (default bench/results/sessions-<date>[-<events>].json)")
     args = p.parse_args(argv)
@@ -399,7 +420,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.quick:
         suffix = "" if size["events"] == EVENTS else f"-{size['events']}"
         save = args.out or RESULTS / f"sessions-{dt.date.today().isoformat()}{suffix}.json"
-    nested = bench_sessions({}, **size, repeats=args.repeats, steady=args.steady, save=save)
+    nested = bench_sessions({}, **size, repeats=args.repeats, steady=args.steady,
+                            close_windows=not args.watermark_only, save=save)
     print(json.dumps(nested, indent=2, default=str))
     return 0
 
