@@ -133,7 +133,7 @@ log_app = Application(
         TCPSink("log_windows_json", encode_window_json, framed=True, accepts=WindowResult, optional=True),
     ),
     description="Return-code counts per log window (closed by END_OF_DAY, a new day or a count)",
-    # The daily summaries, their checks, sensor and schedule (Dagster wiring only).
+    # The daily summaries, their checks and their Declarative Automation (Dagster wiring only).
     dagster_defs="examples.logs_assets:defs",
 )
 app = log_app  # the entry registered by default: examples.logs:app
@@ -326,49 +326,3 @@ def day_end_utc(day: dt.date) -> dt.datetime:
 
 def is_day_over(day: dt.date, grace_hours: float, now: dt.datetime) -> bool:
     return day_end_utc(day) + dt.timedelta(hours=grace_hours) <= now
-
-
-def bronze_days(settings: Settings) -> list[dt.date]:
-    path = settings.table_path(BRONZE_TABLE)
-    if not lake.exists(path):
-        return []
-    t = lake.query("select distinct day from b where kind = 'line' and day is not null order by day", b=path)
-    return t.column("day").to_pylist()
-
-
-def closed_window_days(settings: Settings) -> list[dt.date]:
-    path = settings.table_path(WINDOWS_TABLE)
-    if not lake.exists(path):
-        return []
-    return lake.query("select distinct day from w order by day", w=path).column("day").to_pylist()
-
-
-def windows_closed_since(settings: Settings, version: int | None) -> tuple[int | None, list[dt.date]]:
-    """(latest version of log_windows, days of the windows added after `version`); None: all."""
-    path = settings.table_path(WINDOWS_TABLE)
-    latest = lake.version(path)
-    if latest is None or latest == version:
-        return latest, []
-    if version is None:
-        return latest, closed_window_days(settings)
-    try:
-        seen = set(lake.read(path, columns=["window_id"], version=version).column("window_id").to_pylist())
-    except Exception:  # that version is gone (vacuumed): every day again; summaries are idempotent
-        return latest, closed_window_days(settings)
-    rows = lake.read(path, columns=["window_id", "day"]).to_pylist()
-    return latest, sorted({r["day"] for r in rows if r["window_id"] not in seen})
-
-
-def days_behind_bronze(settings: Settings, days: list[dt.date]) -> list[dt.date]:
-    """Of `days`, those whose stored summary total differs from the day's bronze line count."""
-    bronze = settings.table_path(BRONZE_TABLE)
-    if not days or not lake.exists(bronze):
-        return []
-    want = {r["day"]: r["n"] for r in lake.query(
-        "select day, count(*) as n from b where kind = 'line' group by day", b=bronze).to_pylist()}
-    summary = settings.table_path(SUMMARY_TABLE)
-    have = {}
-    if lake.exists(summary):
-        have = {r["day"]: r["n"] for r in lake.query(
-            "select day, sum(count) as n from s group by day", s=summary).to_pylist()}
-    return [d for d in days if want.get(d, 0) != have.get(d, 0)]

@@ -1,16 +1,17 @@
-"""The log app's Dagster extras: the daily return-code summary, its checks, sensor, schedule and job.
+"""The log app's Dagster extras: the daily return-code summary, its checks, its automation and job.
 
     landing_logs -> bronze_log_lines -> log_windows -> daily_return_code_summary (+ checks)
 
 Registered through the app: `Application("logs", ..., dagster_defs="examples.logs_assets:defs")`; the
 composition root (orchestration/definitions.py) merges `defs` with the app's own assets.
 
-A summary partition (one day) is produced three ways that give the same rows:
-- the sensor on `log_windows` (Delta version as cursor) requests the days of newly closed windows;
-- the hourly schedule requests days that are over by wall clock (+ grace) but whose summary is
-  missing or behind bronze (days that never got a marker);
+A summary partition (one day) is produced two ways that give the same rows:
+- Declarative Automation: the summary's AutomationCondition (DayDue, judged from the tables) is
+  evaluated by the automation sensor `daily_summary_automation`: a day whose window closed, or that is
+  over by the clock (+ grace) with a summary that differs from bronze, is (re)done; several due days
+  run as one ranged run. The daemon under `eventide ui` ticks it; `eventide run` and `eventide serve`
+  ask the same tick (Dagster's evaluation, the cursor in the instance).
 - a backfill (Dagster UI, or `eventide backfill`) recomputes the days from bronze.
-`eventide run` asks the sensor and the schedule once after the pipelines and runs what they request.
 The logic lives in examples/logs.py; this module only wires it into Dagster.
 """
 
@@ -29,14 +30,11 @@ from examples.logs import (
     SUMMARY_TABLE,
     WINDOWS_TABLE,
     bronze_counts,
-    bronze_days,
-    days_behind_bronze,
     is_day_over,
     line_total,
     log_app,
     stored_summaries,
     summarize_days,
-    windows_closed_since,
     write_summaries,
 )
 from transforms import lake
@@ -48,15 +46,19 @@ GROUP = log_app.name
 # end_offset=1: today's partition exists too (a marker may close a day before midnight UTC).
 DAILY = dg.DailyPartitionsDefinition(start_date=Settings().partitions_start, end_offset=1)
 
-# A day is summarized when its window closes, or by the clock once it is over plus the grace (the
-# hourly schedule): a summary older than a day, that grace and an hour means the logs or the automation
-# stopped. Warn after a day.
+# A day is summarized when its window closes, or by the clock once it is over plus the grace: a summary
+# older than a day, that grace and an hour of slack means the logs or the automation stopped. Warn after
+# a day.
 DAY = dt.timedelta(days=1)
 SUMMARY_FRESHNESS = dg.FreshnessPolicy.time_window(
     fail_window=DAY + dt.timedelta(hours=Settings().day_grace_hours + 1), warn_window=DAY)
 
 
 # -- Declarative Automation: when a day's summary is due --------------------------------------------
+def valid_partition(day: dt.date) -> bool:
+    return DAILY.has_partition_key(day.isoformat())
+
+
 def _lines_by_day(path, sql: str, **tables) -> dict[dt.date, int]:
     return {r["day"]: r["n"] for r in lake.query(sql, **tables).to_pylist()} if lake.exists(path) else {}
 
@@ -274,54 +276,11 @@ daily_summary_job = dg.define_asset_job(
 )
 
 
-# -- which days to summarize ------------------------------------------------------------------------
-def valid_partition(day: dt.date) -> bool:
-    return DAILY.has_partition_key(day.isoformat())
-
-
-
-@dg.sensor(job=daily_summary_job, minimum_interval_seconds=30, default_status=dg.DefaultSensorStatus.RUNNING)
-def log_windows_sensor(context: dg.SensorEvaluationContext, eventide: EventideSettings):
-    """Requests the partition of every day a window closed, since the log_windows version in the cursor."""
-    settings = eventide.get()
-    cursor = int(context.cursor) if context.cursor else None
-    version, days = windows_closed_since(settings, cursor)
-    if version is None:
-        return dg.SkipReason(f"no {WINDOWS_TABLE} table yet")
-    if version == cursor:
-        return dg.SkipReason(f"{WINDOWS_TABLE} unchanged at version {version}")
-    context.update_cursor(str(version))
-    requests = [
-        dg.RunRequest(run_key=f"{d.isoformat()}@{WINDOWS_TABLE}-v{version}", partition_key=d.isoformat(),
-                      tags={"eventide/trigger": "window_closed"})
-        for d in days
-        if valid_partition(d)
-    ]
-    return requests or dg.SkipReason(f"{WINDOWS_TABLE} version {version} closed no window of a valid day")
-
-
-@dg.schedule(job=daily_summary_job, cron_schedule="17 * * * *", default_status=dg.DefaultScheduleStatus.RUNNING)
-def close_days_by_clock(context: dg.ScheduleEvaluationContext, eventide: EventideSettings):
-    """Summarizes days that are over (end + settings.day_grace_hours) whose summary is missing or
-    behind bronze: days that never got a marker or a day change."""
-    settings = eventide.get()
-    now = context.scheduled_execution_time or dt.datetime.now(dt.timezone.utc)
-    over = [d for d in bronze_days(settings) if is_day_over(d, settings.day_grace_hours, now) and valid_partition(d)]
-    due = days_behind_bronze(settings, over)
-    if not due:
-        return dg.SkipReason("every day that is over has an up-to-date summary")
-    stamp = now.strftime("%Y%m%dT%H%M")
-    return [
-        dg.RunRequest(run_key=f"{d.isoformat()}@clock-{stamp}", partition_key=d.isoformat(),
-                      tags={"eventide/trigger": "day_over"})
-        for d in due
-    ]
-
-
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", dg.BetaWarning)  # use_user_code_server is "beta" in Dagster 1.13
-    # Evaluates SUMMARY_AUTOMATION (the daemon's automation sensor; `eventide run` and serve ask it too
-    # once it runs). Its checks ride along with the summary, in the same run.
+    # Evaluates SUMMARY_AUTOMATION: the one path by which days get summarized (besides backfills). The
+    # daemon under `eventide ui` ticks it; `eventide run` and `eventide serve` ask the same tick, with the
+    # cursor the daemon keeps in the instance. Its checks ride along with the summary, in the same run.
     daily_summary_automation = dg.AutomationConditionSensorDefinition(
         "daily_summary_automation",
         target=dg.AssetSelection.assets(daily_return_code_summary),
@@ -329,14 +288,14 @@ with warnings.catch_warnings():
         # Several due days as one backfill, which runs as one ranged run (the single-run backfill policy).
         emit_backfills=True,
         minimum_interval_seconds=30,
-        # Off until it replaces log_windows_sensor and close_days_by_clock: both on would summarize a day twice.
-        default_status=dg.DefaultSensorStatus.STOPPED,
+        # On by default. Switched off in the UI (Automation page), `run`, `serve` and the daemon all leave
+        # the summaries alone: the escape hatch while the logs are being repaired (backfills still work).
+        default_status=dg.DefaultSensorStatus.RUNNING,
     )
 
 defs = dg.Definitions(
     assets=[daily_return_code_summary],
     asset_checks=SUMMARY_CHECKS,
     jobs=[daily_summary_job],
-    sensors=[log_windows_sensor, daily_summary_automation],
-    schedules=[close_days_by_clock],
+    sensors=[daily_summary_automation],
 )

@@ -10,11 +10,12 @@ instance under `EVENTIDE_HOME/dagster`): `eventide run`, `eventide serve` and th
 `eventide ui` share one memory, so none redoes what another did. The pipelines job's own sensor is
 asked before the pipelines run and its cursor kept with the others (what it would ask for, this run
 does). A run with nothing new requests nothing; a sensor without a cursor yet is asked without one
-and requests everything it would ever have requested (the log app's sensor: every day with a closed
-window); the runs must be idempotent, as partition runs are. Standard and asset sensors, schedules,
-and automation condition sensors evaluated in user code (Declarative Automation: their tick is
-Dagster's own evaluation of the conditions, with the checks riding along) are asked when they run: as
-switched in the UI (their state in the instance), else by their default status.
+and requests everything it would ever have requested; the runs must be idempotent, as partition runs
+are (the log app's automation condition, DayDue, needs no cursor: it judges the days from the tables).
+Standard and asset sensors, schedules, and automation condition sensors evaluated in user code
+(Declarative Automation: their tick is Dagster's own evaluation of the conditions, with the checks
+riding along) are asked when they run: as switched in the UI (their state in the instance), else by
+their default status.
 
 A failure stops only what depends on it: a failed blocking check (or a failed step) holds back the
 assets downstream of it, in the run (Dagster's blocking checks) and in the requested runs (`run_all`

@@ -16,10 +16,9 @@ import dagster as dg
 import pyarrow as pa
 import pytest
 
-from assets.resources import EventideSettings
 from examples import logs_assets
 from examples.logs import SUMMARY_SCHEMA, SUMMARY_TABLE, WINDOWS_TABLE, stored_summary
-from orchestration.runner import QUIET, dagster_instance, due_runs
+from orchestration.runner import AUTOMATION_JOB, QUIET, dagster_instance, due_runs
 from orchestration.sensors import PIPELINES_JOB
 from tests.transforms.test_logs_app import LOG_FILES, expected_summary, log_messages, summary_rows
 from transforms import lake
@@ -72,7 +71,6 @@ class Home:
     instance: dg.DagsterInstance
     lines_sink: Receiver
     json_sink: Receiver
-    first_windows_version: int = -1
     summary_runs: dict = field(default_factory=dict)  # day -> ExecuteInProcessResult
 
 
@@ -97,10 +95,13 @@ def checks(result) -> dict[str, bool]:
 
 
 def due_days(home: Home) -> list[str]:
-    """The days `eventide run` summarizes: what the log app's sensor and schedule request."""
+    """The days `eventide run` summarizes: what the summary's automation sensor requests (Dagster's
+    evaluation of DayDue; adjacent days come as one ranged run)."""
     runs = due_runs(DEFS, home.instance, skip_jobs=(PIPELINES_JOB,))
-    assert {r.job for r in runs} <= {logs_assets.SUMMARY_JOB}
-    return [r.partition_key for r in runs]
+    assert {(r.job, r.requested_by, r.name) for r in runs} <= {
+        (AUTOMATION_JOB, logs_assets.daily_summary_automation.name, SUMMARY_TABLE)}, runs
+    return [d for r in runs for d in logs_assets.DAILY.get_partition_keys_in_range(
+        dg.PartitionKeyRange(r.partition_key, r.through or r.partition_key))]
 
 
 def _spark(home: Home):
@@ -134,7 +135,6 @@ def home(spark, tmp_path_factory):
         h = Home(settings, dagster_instance(settings), lines_sink, json_sink)
         land(settings, "logs", log_messages(LOG_FILES[:2]))
         materialize_pipelines(h)
-        h.first_windows_version = lake.version(settings.table_path(WINDOWS_TABLE))
         land(settings, "logs", log_messages(LOG_FILES[2:]))
         materialize_pipelines(h)
         days = due_days(h)
@@ -157,7 +157,12 @@ def test_lineage_reads_landing_bronze_windows_summary_with_checks():
         "rows_are_valid", "total_matches_bronze", "reconciles_with_bronze"}
     assert graph.get(dg.AssetKey(SUMMARY_TABLE)).group_name == graph.get(dg.AssetKey(WINDOWS_TABLE)).group_name == "logs"
     assert defs.resolve_job_def(logs_assets.SUMMARY_JOB).partitions_def == logs_assets.DAILY
-    assert {s.name for s in defs.sensors} >= {"log_windows_sensor"} and defs.resolve_schedule_def("close_days_by_clock")
+    # The summary's one trigger: its automation condition, evaluated by its automation sensor (on by default).
+    assert graph.get(dg.AssetKey(SUMMARY_TABLE)).automation_condition == logs_assets.SUMMARY_AUTOMATION
+    summary_sensors = [s for s in defs.sensors if s.name == "daily_summary_automation"]
+    assert [s.default_status for s in summary_sensors] == [dg.DefaultSensorStatus.RUNNING]
+    assert not defs.schedules and not any(
+        t.job_name == logs_assets.SUMMARY_JOB for s in defs.sensors if s.sensor_type.name == "STANDARD" for t in s.targets)
 
 
 def test_summary_equals_the_readme_table_and_checks_pass(home):
@@ -179,51 +184,47 @@ def test_tcp_sinks_send_seed_lines_and_wallaroo_json(home):
     assert home.json_sink.wait_for(len(framed)) == framed
 
 
-def test_sensor_requests_the_days_of_newly_closed_windows(home):
-    def evaluate(cursor):
-        ctx = dg.build_sensor_context(cursor=cursor, instance=home.instance, resources={"eventide": EventideSettings()})
-        return logs_assets.log_windows_sensor(ctx), ctx
-
-    data, ctx = evaluate(None)
-    assert [r.partition_key for r in data] == DAYS
-    latest = ctx.cursor
-    data, _ = evaluate(str(home.first_windows_version))  # only the second run's windows are new
-    assert [r.partition_key for r in data] == DAYS[2:]
-    data, _ = evaluate(latest)
-    assert isinstance(data, dg.SkipReason)
+def test_a_day_is_due_when_its_window_closed_before_the_clock_says_so(home, monkeypatch):
+    """DayDue by the windows alone: a day whose closed windows hold more lines than its summary is due
+    before it is over by the clock; so is it to the automation sensor (a grace of a century keeps the
+    clock out of it). Summarized again, nothing is due."""
+    before_any_day_ended = dt.datetime(2004, 3, 7, tzinfo=dt.timezone.utc)
+    assert logs_assets.days_due(home.settings, before_any_day_ended) == []  # every closed window summarized
+    delete_day(home, "2004-03-09")
+    assert logs_assets.days_due(home.settings, before_any_day_ended) == [dt.date(2004, 3, 9)]
+    monkeypatch.setenv("EVENTIDE_DAY_GRACE_HOURS", "876000")
+    assert due_days(home) == ["2004-03-09"]
+    assert summarize(home, "2004-03-09").success
+    assert due_days(home) == [] and logs_assets.days_due(home.settings, before_any_day_ended) == []
+    assert summary_table(home) == expected_summary()
 
 
 def test_running_again_changes_nothing(home):
     paths = [home.settings.table_path(t) for t in ("bronze_log_lines", WINDOWS_TABLE, SUMMARY_TABLE)]
     versions = [lake.version(p) for p in paths]
     materialize_pipelines(home)
-    for day in due_days(home):
+    assert due_days(home) == []  # nothing new: the automation asks for nothing
+    for day in DAYS:  # and a summary run anyway replaces nothing
         result = summarize(home, day)
         assert result.success and materialization(result)["replaced"] is False
     assert [lake.version(p) for p in paths] == versions
     assert summary_table(home) == expected_summary()
 
 
-def test_schedule_and_backfill_restore_a_deleted_partition(home, capsys):
+def test_automation_and_backfill_restore_a_deleted_partition(home, capsys):
     from orchestration.backfill import backfill
 
-    def schedule_requests():
-        ctx = dg.build_schedule_context(instance=home.instance, resources={"eventide": EventideSettings()},
-                                        scheduled_execution_time=dt.datetime(2004, 3, 20, tzinfo=dt.timezone.utc))
-        data = logs_assets.close_days_by_clock(ctx)
-        return [] if isinstance(data, dg.SkipReason) else [r.partition_key for r in data]
-
-    assert schedule_requests() == []  # every day over by the clock is summarized
+    assert due_days(home) == []  # every day over by the clock is summarized
     delete_day(home, "2004-03-08")
     assert stored_summary(home.settings, "2004-03-08").num_rows == 0
-    assert schedule_requests() == ["2004-03-08"]
+    assert due_days(home) == ["2004-03-08"]
 
     assert backfill(home.settings, "2004-03-08") == 0
     out = capsys.readouterr().out
     assert "daily_summary_job, 1 day(s)" in out
     assert "2004-03-08: replaced, 4 rows, 559 lines from bronze_log_lines (3 checks passed" in out
     assert summary_table(home) == expected_summary()
-    assert schedule_requests() == []
+    assert due_days(home) == []
     # A run of a backfill launched from the Dagster UI carries `dagster/backfill`: recomputed from bronze too.
     result = summarize(home, "2004-03-07", tags={"dagster/backfill": "from-the-ui"})
     assert result.success and materialization(result)["source"] == "bronze_log_lines"

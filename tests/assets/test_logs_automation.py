@@ -3,10 +3,8 @@ condition sensor), through `eventide run`, which asks the sensor's tick as the d
 (Dagster's own evaluation of the conditions), and through `eventide serve`'s follow-ups: a day closes
 when its window table says so, or by the clock after the grace period; a day whose lines changed is
 redone; adjacent due days run as one ranged run with the checks riding along; asking again asks for
-nothing. Real Spark, Delta and Dagster.
-
-The automation sensor is off by default while the sensor and schedule still do the job; the test switches
-it on, and them off, in the instance, as a user does in the UI."""
+nothing. The automation sensor is on by default (the one path of the summaries); switched off in the
+instance, as the UI's toggle does, `eventide run` leaves the summaries alone. Real Spark, Delta and Dagster."""
 
 import dagster as dg
 import pytest
@@ -14,12 +12,12 @@ from dagster._core.scheduler.instigation import (
     InstigatorState,
     InstigatorStatus,
     InstigatorType,
-    ScheduleInstigatorData,
     SensorInstigatorData,
 )
 
 from examples import logs_assets
 from examples.logs import SUMMARY_TABLE
+from orchestration.definitions import build_definitions
 from orchestration.runner import _sensor_origin, dagster_instance, run_all
 from orchestration.service import FollowUps
 from tests.conftest import land
@@ -33,18 +31,14 @@ LATE_LINE = (b'dsl-80-43-113-44.access.uk.tiscali.com - - [08/Mar/2004:23:59:59 
              b'"GET /late HTTP/1.1" 404 100\n')
 
 
-def _switch(instance: dg.DagsterInstance, instigator, running: bool) -> None:
-    """What the UI's toggle records: a sensor's or schedule's state in the instance, RUNNING or STOPPED."""
-    origin = _sensor_origin(instigator.name)
+def _switch(instance: dg.DagsterInstance, sensor: dg.SensorDefinition, running: bool) -> None:
+    """What the UI's toggle records: a sensor's state in the instance, RUNNING or STOPPED."""
+    origin = _sensor_origin(sensor.name)
     status = InstigatorStatus.RUNNING if running else InstigatorStatus.STOPPED
-    if isinstance(instigator, dg.SensorDefinition):
-        kind = InstigatorType.SENSOR
-        data = SensorInstigatorData(min_interval=instigator.minimum_interval_seconds, sensor_type=instigator.sensor_type)
-    else:
-        kind, data = InstigatorType.SCHEDULE, ScheduleInstigatorData(instigator.cron_schedule, start_timestamp=None)
     state = instance.get_instigator_state(origin.get_id(), origin.get_selector().get_id())
     if state is None:
-        instance.add_instigator_state(InstigatorState(origin, kind, status, data))
+        data = SensorInstigatorData(min_interval=sensor.minimum_interval_seconds, sensor_type=sensor.sensor_type)
+        instance.add_instigator_state(InstigatorState(origin, InstigatorType.SENSOR, status, data))
     else:
         instance.update_instigator_state(state.with_status(status))
 
@@ -78,10 +72,15 @@ def _run(settings) -> tuple[list[str], object]:
 def test_declarative_automation_closes_days_by_window_or_clock_and_redoes_changed_days(spark, settings, monkeypatch):
     land(settings, "logs", log_messages(LOG_FILES[:3]))
     assert run_all(settings, progress=lambda _: None, summaries=False).passed  # bronze and log_windows only
+    assert {s.name for s in build_definitions(settings.registry).sensors if s.sensor_type.name == "AUTOMATION"} \
+        == {"daily_summary_automation"}  # the summary's one automation path
+
+    # Switched off (the escape hatch): three days are due, yet nothing runs; switched on again, they do.
     instance = dagster_instance(settings)
+    _switch(instance, logs_assets.daily_summary_automation, False)
+    said, _ = _run(settings)
+    assert "  nothing due" in said and not lake.exists(settings.table_path(SUMMARY_TABLE)), "\n".join(said)
     _switch(instance, logs_assets.daily_summary_automation, True)
-    _switch(instance, logs_assets.log_windows_sensor, False)
-    _switch(instance, logs_assets.close_days_by_clock, False)
 
     # Three closed days: one ranged run, each day's three checks with it.
     said, summary = _run(settings)

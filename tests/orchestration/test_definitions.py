@@ -256,7 +256,7 @@ def test_dagster_project_tools_list_and_check_the_definitions(tmp_path):
     defs = json.loads(listed.stdout)
     assets = {a["asset_key"] for a in defs["assets"]}
     assert {"bronze_log_lines", "log_windows", "daily_return_code_summary", "market_state", "word_totals"} <= assets
-    assert {s["name"] for s in defs["sensors"]} == {"log_windows_sensor", "new_segments_sensor", "daily_summary_automation"}
+    assert {s["name"] for s in defs["sensors"]} == {"new_segments_sensor", "daily_summary_automation"}
     checked = subprocess.run([dg_cli, "check", "defs"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert checked.returncode == 0, checked.stdout[-3000:] + checked.stderr[-3000:]
     assert "All definitions loaded successfully." in checked.stdout + checked.stderr

@@ -184,7 +184,7 @@ def test_one_bad_quote_fails_its_check_and_everything_else_runs(tmp_path, monkey
     assert lake.count(settings.table_path("quote_audit")) == 21
     # The report: at the end, after the summaries ran, each failure with asset, check, rows, what to do.
     tail = out[out.rindex("check FAILED"):]
-    assert out.index("daily_summary_job: 1 run(s): 2004-03-07..2004-03-10") < out.index(tail)
+    assert out.index("daily_return_code_summary: 1 run(s): 2004-03-07..2004-03-10") < out.index(tail)
     assert tail.startswith("check FAILED: quote_audit no_unlucky_bid\n")
     assert f"what it checks: no quote has the bid {BAD_BID}" in tail
     assert '"symbol": "TEST"' in tail and f'"bid": {BAD_BID}' in tail

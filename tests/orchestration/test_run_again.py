@@ -1,8 +1,9 @@
 """`eventide run` again with nothing new: no query starts Spark, no summary runs again (the sensors'
-cursors are kept in the Dagster instance under the home); the Dagster daemon over the same home
-launches nothing either (one memory); a new day with its marker then makes the daemon launch one
-summary run, for that day only. Real Spark, Delta and Dagster (its daemon as `eventide ui` runs it,
-its runs in run workers of their own)."""
+cursors, the summary's automation sensor's evaluation state among them, are kept in the Dagster
+instance under the home); the Dagster daemon over the same home launches nothing either (one memory);
+a new day with its marker then makes the daemon's automation sensor launch one summary run, for that
+day only. Real Spark, Delta and Dagster (its daemon as `eventide ui` runs it, its runs in run workers
+of their own)."""
 
 import os
 import sys
@@ -16,10 +17,9 @@ import pytest
 from dagster._core.scheduler.instigation import TickStatus
 
 from examples.logs import SUMMARY_TABLE
-from examples.logs_assets import SUMMARY_JOB
 from orchestration import cli
 from orchestration.definitions import build_definitions
-from orchestration.runner import WORKSPACE_FILE, _sensor_origin, load_cursors, run_all
+from orchestration.runner import AUTOMATION_JOB, WORKSPACE_FILE, _sensor_origin, load_cursors, run_all
 from tests.conftest import REPO, land
 from tests.spark_cluster import Daemon
 from tests.transforms.test_logs_app import LOG_FILES, expected_summary, log_messages
@@ -41,7 +41,7 @@ def test_a_second_run_does_nothing_and_a_new_day_runs_only_that_day(spark, setti
     land(settings, "logs", log_messages(LOG_FILES[:3]))
     said = []
     assert run_all(settings, progress=said.append).passed
-    assert "  daily_summary_job: 1 run(s): 2004-03-07..2004-03-09" in said  # adjacent days: one run
+    assert "  daily_return_code_summary: 1 run(s): 2004-03-07..2004-03-09" in said  # adjacent days: one run
     version = lake.version(settings.table_path(SUMMARY_TABLE))
 
     def no_spark(*args, **kwargs):
@@ -56,6 +56,7 @@ def test_a_second_run_does_nothing_and_a_new_day_runs_only_that_day(spark, setti
     assert lake.version(settings.table_path(SUMMARY_TABLE)) == version  # nothing rewritten
 
     log = settings.home.parent / "daemon.log"
+    assert {"new_segments_sensor", "daily_summary_automation"} == set(_sensor_names(settings))
     with dg.DagsterInstance.from_config(str(settings.dagster_home)) as instance:
         assert set(load_cursors(instance, build_definitions(settings.registry))) == set(_sensor_names(settings))
     runs_before = _run_ids(settings)
@@ -71,8 +72,7 @@ def test_a_second_run_does_nothing_and_a_new_day_runs_only_that_day(spark, setti
     assert run_all(settings, progress=said.append, summaries=False).passed
     runs_before = _run_ids(settings)
     ticks_before = {name: {t.tick_id for t in ts} for name, ts in ticks.items()}
-    # The hourly clock schedule (minute 17) would ask for the day too if it ticked before the sensor's
-    # run ended; a grace of a century keeps it out of the way (its own tests: tests/assets/test_logs_assets.py).
+    # A grace of a century: the day is due by its closed window alone, not by the clock (2004 is long over).
     with running_daemon(settings, log, EVENTIDE_DAY_GRACE_HOURS="876000") as daemon:
         def settled(ticks, runs):
             """The daemon launched a run and it ended, and each sensor ticked after that."""
@@ -85,16 +85,16 @@ def test_a_second_run_does_nothing_and_a_new_day_runs_only_that_day(spark, setti
         ticks = _wait_for(settings, daemon, settled, timeout=300)
     with dg.DagsterInstance.from_config(str(settings.dagster_home)) as instance:
         new = [r for r in instance.get_runs() if r.run_id not in runs_before]
-    assert [(r.job_name, r.tags.get("dagster/partition"), r.status) for r in new] == \
-        [(SUMMARY_JOB, NEW_DAY, dg.DagsterRunStatus.SUCCESS)], daemon.tail()
+    assert [(r.job_name, r.tags.get("dagster/partition"), r.status, sorted(k.to_user_string() for k in r.asset_selection))
+            for r in new] == [(AUTOMATION_JOB, NEW_DAY, dg.DagsterRunStatus.SUCCESS, [SUMMARY_TABLE])], daemon.tail()
     launched = [(name, t.run_ids) for name, ts in ticks.items() for t in ts
                 if t.tick_id not in ticks_before[name] and t.status != TickStatus.SKIPPED]
-    assert launched == [("log_windows_sensor", [new[0].run_id])], launched
+    assert launched == [("daily_summary_automation", [new[0].run_id])], launched
     assert _summary(settings) == expected_summary()
 
 
 def _sensor_names(settings) -> list[str]:
-    """The sensors the daemon ticks: those running by default (the summary's automation sensor is off)."""
+    """The sensors the daemon ticks: those running by default (the pipelines' and the summary's automation)."""
     return [s.name for s in build_definitions(settings.registry).sensors
             if s.default_status == dg.DefaultSensorStatus.RUNNING]
 

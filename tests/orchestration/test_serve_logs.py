@@ -1,6 +1,7 @@
 """The log app under the service (gateway + live queries + follow-ups, in this process): the daily
 summaries follow the log days sent over TCP with nothing run by hand, and a day without a marker is
-closed by the (fake) clock. Real sockets, real Spark, real Dagster runs."""
+closed by the clock once its grace is over (the summary's automation sensor, asked by serve's
+follow-ups). Real sockets, real Spark, real Dagster runs."""
 
 from __future__ import annotations
 
@@ -48,14 +49,6 @@ def _wait_for(what, timeout: float):
     return what()
 
 
-class Clock:
-    def __init__(self, now: dt.datetime):
-        self.now = now
-
-    def __call__(self) -> dt.datetime:
-        return self.now
-
-
 @pytest.mark.spark
 def test_summaries_follow_the_log_days_sent_to_the_service(logs_home):
     lines = []
@@ -68,7 +61,8 @@ def test_summaries_follow_the_log_days_sent_to_the_service(logs_home):
         finally:
             service.stop()
     assert service.error is None
-    assert any(line.startswith("daily_summary") and "done" in line for line in lines), lines
+    assert any(line.startswith("daily_return_code_summary[") and "(asked by daily_summary_automation): done" in line
+               for line in lines), lines
     # Dagster saw the tables change while it ran: runless materializations with latency metadata.
     from orchestration.runner import dagster_instance
 
@@ -85,25 +79,28 @@ def _key(name: str):
 
 
 @pytest.mark.spark
-def test_a_day_without_a_marker_is_closed_by_the_clock(logs_home):
+def test_a_day_without_a_marker_is_closed_by_the_clock(logs_home, monkeypatch):
     day_1 = log_messages(LOG_FILES[:1], markers=False)
     (day,) = {r[0] for r in expected_summary() if r[0] == expected_summary()[0][0]}
-    end = day_end_utc(dt.date.fromisoformat(day))  # the day as written ends at midnight UTC-12
-    grace = dt.timedelta(hours=logs_home.day_grace_hours)
-    clock = Clock(end + grace - dt.timedelta(minutes=1))  # not over yet
+    # Dagster's evaluation of the summary's automation condition runs at the real time: the grace moves
+    # the day's end past it instead of a fake clock (the condition reads the grace at each evaluation).
+    now = dt.datetime.now(dt.timezone.utc)
+    hours_to_now = (now - day_end_utc(dt.date.fromisoformat(day))) / dt.timedelta(hours=1)
+    monkeypatch.setenv("EVENTIDE_DAY_GRACE_HOURS", str(hours_to_now + 24))  # over in a day: not yet
     lines = []
     with GatewayThread(logs_home) as gw:
-        service = Service(logs_home, say=lines.append, clock=clock, schedule_every=1.0).start()
+        service = Service(logs_home, say=lines.append, schedule_every=1.0).start()
         try:
             assert service.all_running.wait(120), lines
             _send(gw.gateway.bound_ports["logs"], day_1)
             bronze = logs_home.table_path(logs_home.registry.stream("logs").bronze_table)
             assert _wait_for(lambda: lake.exists(bronze) and lake.count(bronze) == len(day_1), 60)
-            time.sleep(3)  # the schedule is asked (every second) and finds nothing over
+            time.sleep(3)  # the automation sensor is asked (every second) and finds nothing over
             assert _summary(logs_home) == []
-            clock.now = end + grace + dt.timedelta(minutes=1)
+            monkeypatch.setenv("EVENTIDE_DAY_GRACE_HOURS", str(hours_to_now - 24))  # over a day ago
             want = [r for r in expected_summary() if r[0] == day]
             assert _wait_for(lambda: _summary(logs_home) == want, 60), (_summary(logs_home), lines)
         finally:
             service.stop()
-    assert any("close_days_by_clock" in line for line in lines), lines
+    assert any(line.startswith(f"daily_return_code_summary[{day}] (asked by daily_summary_automation): done")
+               for line in lines), lines
