@@ -5,6 +5,7 @@ STAMP := $(VENV)/.installed-stamp
 JARS_STAMP := $(VENV)/jars/.stamp
 KAFKA_JARS_STAMP := $(VENV)/kafka-jars/.stamp
 BENCH_STAMP := $(VENV)/.bench-stamp
+CHROMIUM ?= /usr/bin/chromium
 export JAVA_HOME ?= /usr/lib/jvm/java-17-openjdk-amd64
 export SPARK_LOCAL_IP ?= 127.0.0.1
 
@@ -33,7 +34,17 @@ $(KAFKA_JARS_STAMP): jvm/kafka/pom.xml
 	@mvn -q -B -f jvm/kafka/pom.xml dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(abspath $(VENV))/kafka-jars
 	@touch $(KAFKA_JARS_STAMP)
 
-setup: $(STAMP) $(JARS_STAMP) $(KAFKA_JARS_STAMP)
+# Debian's Chromium for the UI's browser test (tests/orchestration/test_ui_browser.py), driven by the
+# playwright package of the dev extra: playwright's own browser download does not reach the network here.
+$(CHROMIUM):
+	@echo "installing Chromium (apt-get install chromium) for the UI's browser test"
+	@apt-get install -y -q --no-install-recommends chromium >/dev/null 2>&1 \
+		|| (apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends chromium >/dev/null) \
+		|| { echo "could not install Chromium with apt-get (it needs root and Debian's package lists):"; \
+		     echo "install it as root with 'apt-get install -y chromium', or point CHROMIUM=/path/to/chromium at one"; \
+		     exit 1; }
+
+setup: $(STAMP) $(JARS_STAMP) $(KAFKA_JARS_STAMP) $(CHROMIUM)
 
 # The benchmarks' extra (Bytewax, for bench/peers.py): installed by `make bench` only.
 $(BENCH_STAMP): pyproject.toml $(STAMP)
