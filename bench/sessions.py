@@ -86,6 +86,22 @@ def progress(msg: str) -> None:
     print(f"[bench.sessions {time.perf_counter() - _t0:7.1f}s] {msg}", file=sys.stderr, flush=True)
 
 
+def _commit() -> str:
+    """The code measured: HEAD, and whether the tree differs from it (a shared tree often does); a copy
+    made with `git archive` (no .git) says which commit in EVENTIDE_BENCH_COMMIT."""
+    import subprocess
+
+    if os.environ.get("EVENTIDE_BENCH_COMMIT"):
+        return os.environ["EVENTIDE_BENCH_COMMIT"]
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=Path(__file__).resolve().parents[1], capture_output=True,
+                              text=True).stdout.strip()
+
+    head = git("rev-parse", "--short", "HEAD") or "unknown (not a git checkout)"
+    return head + (" + uncommitted changes" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
 def _load() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
@@ -282,7 +298,7 @@ def bench_sessions(results: dict, events: int = EVENTS, keys: int = KEYS, repeat
     from importlib.metadata import version
 
     nested: dict = {"when": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                    "machine": f"{os.cpu_count()} cores", "bytewax_version": version("bytewax"),
+                    "machine": f"{os.cpu_count()} cores", "commit": _commit(), "bytewax_version": version("bytewax"),
                     "gap_ms": GAP_MS, "allowed_lateness_ms": LATENESS_MS, "repeats": repeats,
                     "load_average_at_start": _load(),
                     "close_windows": close_windows,
