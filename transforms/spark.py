@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import sys
 import threading
 from pathlib import Path
@@ -78,7 +79,7 @@ def _driver_java_options(settings: Settings) -> list[str]:
         from transforms.jvm_cache import java_options
 
         options += java_options(os.environ.get("JAVA_HOME"))
-    return options
+    return options + shlex.split(settings.spark_java_options)
 
 
 def start_in_background(settings: Settings) -> threading.Thread:
