@@ -106,9 +106,9 @@ def _benchmarks(quick: bool) -> dict:
     def sessions(r):
         from bench.sessions import EVENTS, KEYS, QUICK, bench_sessions
 
-        # Session windows over 1M events and 100k keys: `eventide ingest` + `eventide run` against Bytewax's
-        # SessionWindower, whole processes, then steady state in this process; the reference is the oracle.
-        # Full: about 25 minutes on 2 cores; it also writes bench/results/sessions-<date>.json.
+        # Session windows over 1M events and 100k keys: `eventide ingest` + `eventide run --close-windows`
+        # against Bytewax's SessionWindower, whole processes, then steady state; the reference is the oracle.
+        # Full: about 15 minutes on 2 cores (load 10-14); it also writes bench/results/sessions-<date>.json.
         if quick:
             bench_sessions(r, **QUICK, steady=True)
         else:
