@@ -220,6 +220,7 @@ class DueRun:
     requested_by: str
     request: dg.RunRequest = field(compare=False, repr=False)
     through: str = ""  # the last partition of a range run as one (merge_ranges); "" = partition_key alone
+    tick: AutomationTick | None = field(default=None, compare=False, repr=False)  # the automation tick that asked
 
     @property
     def partitions(self) -> str:
@@ -336,10 +337,12 @@ def due_runs(defs: dg.Definitions, instance: dg.DagsterInstance, skip_jobs: tupl
     resources = dict(defs.resources or {})
     repo = defs.get_repository_def()  # partitioned run requests are resolved against it
     asked: list[tuple[str, str | None, list[dg.RunRequest]]] = []
+    ticks: dict[str, AutomationTick] = {}
     for sensor in defs.sensors or ():
         if _evaluates_automation(sensor):
             if only_jobs is None and _is_running(instance, sensor):
-                asked.append((sensor.name, AUTOMATION_JOB, _automation_requests(defs, instance, sensor, cursors)))
+                requests, ticks[sensor.name] = _automation_requests(defs, instance, sensor, cursors)
+                asked.append((sensor.name, AUTOMATION_JOB, requests))
             continue
         jobs = [t.job_name for t in sensor.targets]
         if (sensor.sensor_type.name not in _ASKED_SENSORS or not _is_running(instance, sensor)
@@ -367,10 +370,11 @@ def due_runs(defs: dg.Definitions, instance: dg.DagsterInstance, skip_jobs: tupl
             if job is None:
                 raise ValueError(f"{who} requested a run without a job name and targets several jobs")
             tags = req.tags or {}
+            tick = ticks.get(who)
             if RANGE_START in tags:  # Declarative Automation's ranged run (a single-run backfill policy)
-                run = DueRun(job, tags[RANGE_START], who, req, through=tags[RANGE_END])
+                run = DueRun(job, tags[RANGE_START], who, req, through=tags[RANGE_END], tick=tick)
             else:
-                run = DueRun(job, req.partition_key or "", who, req)
+                run = DueRun(job, req.partition_key or "", who, req, tick=tick)
             due.setdefault((job, run.partition_key), run)
     return [due[k] for k in sorted(due)]
 
@@ -397,22 +401,25 @@ def _is_running(instance: dg.DagsterInstance, instigator) -> bool:
 
 
 def _automation_requests(defs: dg.Definitions, instance: dg.DagsterInstance, sensor,
-                         cursors: dict[str, str | None] | None) -> list[dg.RunRequest]:
+                         cursors: dict[str, str | None] | None) -> tuple[list[dg.RunRequest], AutomationTick]:
     """One tick of an automation condition sensor: the run requests of the conditions that are true now,
-    each with the checks that ride along. Its cursor (the conditions' memory) is the daemon's. Several
-    partitions of an asset come as one backfill request (emit_backfills), which the daemon hands to its
-    backfill loop; here it becomes the runs that loop would launch (Dagster's
-    build_run_requests_with_backfill_policies: a single-run policy gives a run per range of days)."""
+    each with the checks that ride along, and the tick recorded as the daemon records it (AutomationTick).
+    Its cursor (the conditions' memory) is the daemon's. Several partitions of an asset come as one
+    backfill request (emit_backfills), which the daemon hands to its backfill loop; here it becomes the
+    runs that loop would launch (Dagster's build_run_requests_with_backfill_policies: a single-run policy
+    gives a run per range of days)."""
     from dagster._core.definitions.automation_tick_evaluation_context import (
         build_run_requests_with_backfill_policies,
     )
 
+    tick = AutomationTick.start(instance, sensor.name)
     cursor = cursors.get(sensor.name) if cursors is not None else None
     with dg.build_sensor_context(instance=instance, repository_def=defs.get_repository_def(),
                                  sensor_name=sensor.name, cursor=cursor) as ctx:
         data = sensor.evaluate_tick(ctx)
     if cursors is not None and data.cursor is not None:
         cursors[sensor.name] = data.cursor
+    tick.evaluated(data.automation_condition_evaluations, list(data.run_requests or ()))
     requests = []
     for req in data.run_requests or ():
         if req.requires_backfill_daemon():
@@ -421,7 +428,70 @@ def _automation_requests(defs: dg.Definitions, instance: dg.DagsterInstance, sen
             requests.extend(r.with_replaced_attrs(tags={**(req.tags or {}), **(r.tags or {})}) for r in runs)
         else:
             requests.append(req)
-    return requests
+    return requests, tick
+
+
+class AutomationTick:
+    """What the sensor daemon records of an automation condition sensor's tick (dagster/_daemon/sensor.py),
+    recorded the same way for `eventide run` and `serve`, so that the UI's Automation page and an asset's
+    Automation tab show why they ran something as they show the daemon's: a tick of the sensor (under the
+    daemon's origin and selector) and the conditions' evaluations stored under the tick's id, each
+    naming the runs launched for it. The tick stays STARTED until a run it asked for ran (SUCCESS);
+    one that asked for nothing is SKIPPED. One whose runs never ran (held back, serve stopped) is moved
+    to SKIPPED by the next tick, as the daemon does with a dangling tick."""
+
+    def __init__(self, instance: dg.DagsterInstance, tick):
+        self.instance, self.tick = instance, tick
+        self.evaluations: dict = {}  # entity key -> AutomationConditionEvaluationWithRunIds
+
+    @classmethod
+    def start(cls, instance: dg.DagsterInstance, sensor_name: str) -> AutomationTick:
+        from dagster._core.scheduler.instigation import InstigatorType, TickData, TickStatus
+
+        origin = _sensor_origin(sensor_name)
+        origin_id, selector_id = origin.get_id(), origin.get_selector().get_id()
+        last = next(iter(instance.get_ticks(origin_id, selector_id, limit=1)), None)
+        # A tick with reserved runs is the daemon's to resume; any other STARTED one is dangling.
+        if last is not None and last.status == TickStatus.STARTED and not last.unsubmitted_run_ids_with_requests:
+            instance.update_tick(last.with_status(TickStatus.SKIPPED))
+        return cls(instance, instance.create_tick(TickData(
+            instigator_origin_id=origin_id, instigator_name=sensor_name, instigator_type=InstigatorType.SENSOR,
+            status=TickStatus.STARTED, timestamp=time.time(), selector_id=selector_id)))
+
+    def _store(self, evaluations) -> None:
+        storage = self.instance.schedule_storage
+        if evaluations and storage is not None and storage.supports_auto_materialize_asset_evaluations:
+            storage.add_auto_materialize_asset_evaluations(evaluation_id=self.tick.tick_id,
+                                                           asset_evaluations=list(evaluations))
+
+    def evaluated(self, evaluations, requests: list[dg.RunRequest]) -> None:
+        """The conditions' evaluations, stored before any run (as the daemon does), and the tick's requests
+        (what the UI counts as requested); without a request the tick is over."""
+        from dagster._core.scheduler.instigation import TickStatus
+
+        self.evaluations = {ev.key: ev.with_run_ids(set()) for ev in evaluations}
+        self._store(self.evaluations.values())
+        # No reserved run ids: the daemon would resume a STARTED tick's unsubmitted ones, launching
+        # what this process holds back or runs itself.
+        self.tick = self.tick.with_run_requests(requests)
+        if not requests:
+            self.tick = self.tick.with_status(TickStatus.SKIPPED)
+        self.instance.update_tick(self.tick)
+
+    def ran(self, run_id: str, request: dg.RunRequest) -> None:
+        """A run the tick asked for ran: the tick names it, and so does the evaluation of each asset and
+        check it selected."""
+        from dagster._core.scheduler.instigation import TickStatus
+
+        self.tick = self.tick.with_run_info(run_id).with_status(TickStatus.SUCCESS)
+        self.instance.update_tick(self.tick)
+        updated = []
+        for key in [*(request.asset_selection or ()), *(request.asset_check_keys or ())]:
+            if key in self.evaluations:
+                ev = self.evaluations[key]
+                self.evaluations[key] = updated_ev = dataclasses.replace(ev, run_ids=ev.run_ids | {run_id})
+                updated.append(updated_ev)
+        self._store(updated)
 
 
 def execute_due(defs: dg.Definitions, instance: dg.DagsterInstance, run: DueRun):
@@ -430,9 +500,12 @@ def execute_due(defs: dg.Definitions, instance: dg.DagsterInstance, run: DueRun)
     if run.through:
         tags.update({RANGE_START: run.partition_key, RANGE_END: run.through})
     config = req.run_config if isinstance(req.run_config, dict) else {}
-    return defs.resolve_job_def(run.job).execute_in_process(
+    result = defs.resolve_job_def(run.job).execute_in_process(
         instance=instance, partition_key=None if run.through else (run.partition_key or None),
         run_config={**QUIET, **config}, tags=tags, asset_selection=req.asset_selection, raise_on_error=False)
+    if run.tick is not None:
+        run.tick.ran(result.run_id, req)
+    return result
 
 
 def _needs(defs: dg.Definitions, run: DueRun) -> set[dg.AssetKey]:
