@@ -63,6 +63,7 @@ def land(settings: Settings, stream: str, payloads, connection: str = "test") ->
 LONGEST_FIRST = [
     "tests/assets/test_logs_automation.py",
     "tests/orchestration/test_serve_crash.py",
+    "tests/windows/test_close_at_end.py",
     "tests/transforms/ingestion/test_kafka_acceptance.py",
     "tests/transforms/test_exactly_once.py",
     "tests/transforms/ingestion/test_kafka_sink.py",
@@ -70,6 +71,7 @@ LONGEST_FIRST = [
     "tests/orchestration/test_cluster.py",
     "tests/transforms/ingestion/test_kafka_faults.py",
     "tests/orchestration/test_run_again.py",
+    "tests/orchestration/test_ui_browser.py",
     "tests/orchestration/test_demo.py",
     "tests/assets/test_logs_assets.py",
     "tests/orchestration/test_deadletter.py",
