@@ -62,6 +62,8 @@ def land(settings: Settings, stream: str, payloads, connection: str = "test") ->
 # first, so none of them starts last and runs alone at the end (from `--durations`, 2026-11-25).
 LONGEST_FIRST = [
     "tests/assets/test_logs_automation.py",
+    "tests/transforms/engine/test_multi_level.py",
+    "tests/windows/test_levels.py",
     "tests/orchestration/test_serve_crash.py",
     "tests/windows/test_close_at_end.py",
     "tests/transforms/ingestion/test_kafka_acceptance.py",

@@ -449,26 +449,25 @@ class Pipeline:
     origin: KafkaTopic | None = None  # None: the landed stream (gateway, ingest); else read from there (kafka_source)
 
     def to(self, step: Computation | StateComputation) -> Pipeline:
+        """Add a step. A state computation comes first after its key_by; one after another state
+        computation (stateless steps may sit between them) starts a new level keyed as the first (see
+        `levels`)."""
         if isinstance(step, StateComputation) and self.key_fn is None:
             raise ValueError(f"pipeline {self.stream!r}: key_by(...) must come before state computation {step.name!r}")
         if not isinstance(step, (Computation, StateComputation)):
             raise TypeError(f"pipeline {self.stream!r}: .to() takes a computation or state computation, got {step!r}")
-        if isinstance(step, StateComputation) and self.post_steps:
-            first = self.post_steps[0]
-            raise ValueError(
-                f"pipeline {self.stream!r}: state computation {step.name!r} comes after "
-                f"{'state computation' if isinstance(first, StateComputation) else 'step'} {first.name!r}; "
-                "Eventide runs one state computation per key_by, first after it. Fold both into one state "
-                "computation (its state class can hold both states)."
-            )
+        if isinstance(step, StateComputation):
+            check_level_start(f"pipeline {self.stream!r}", self.levels[-1][1], step)
         return dataclasses.replace(self, steps=(*self.steps, step))
 
     def key_by(self, fn: Callable[[Any], Any] | str) -> Pipeline:
         """Route messages to their key's state: a function of the message, or a name: a field of the
-        message, or the landing column `stream` or `connection` (one state per source)."""
-        if self.key_fn is not None:
-            raise ValueError(f"pipeline {self.stream!r} is already keyed")
-        return dataclasses.replace(self, key_fn=fn, steps=(*self.steps, KeyMark()))
+        message, or the landing column `stream` or `connection` (one state per source). On a keyed
+        pipeline, after its state computation: key the outputs again, for the next level's state."""
+        if self.key_fn is None:
+            return dataclasses.replace(self, key_fn=fn, steps=(*self.steps, KeyMark()))
+        check_rekey(f"pipeline {self.stream!r}", self.levels[-1][1])
+        return dataclasses.replace(self, steps=(*self.steps, KeyMark(fn)))
 
     def to_sink(self, *sinks: Sink) -> Pipeline:
         return dataclasses.replace(self, sinks=(*self.sinks, *sinks))
@@ -488,15 +487,57 @@ class Pipeline:
 
     @property
     def post_steps(self) -> list:
+        """The first level's steps: its state computation and the stateless steps after it."""
+        levels = self.levels
+        return levels[0][1] if levels else []
+
+    @property
+    def levels(self) -> list[tuple[Callable | str | None, list]]:
+        """The keyed part, level by level: (key, steps) for each key_by and for each state computation
+        that follows another one. A level's steps are its state computation and the stateless steps
+        after it, up to the next level; its key is what key_by gave (None: the key the messages have,
+        for a state computation chained without key_by). Each level's outputs are the next one's
+        messages. [] for an unkeyed pipeline."""
         if self.key_fn is None:
             return []
-        i = next(i for i, s in enumerate(self.steps) if isinstance(s, KeyMark))
-        return list(self.steps[i + 1 :])
+        start = next(i for i, s in enumerate(self.steps) if isinstance(s, KeyMark))
+        levels: list[tuple[Any, list]] = [(self.key_fn, [])]
+        for s in self.steps[start + 1:]:
+            if isinstance(s, KeyMark):
+                levels.append((s.fn, []))
+            elif isinstance(s, StateComputation) and any(isinstance(x, StateComputation) for x in levels[-1][1]):
+                levels.append((None, [s]))
+            else:
+                levels[-1][1].append(s)
+        return levels
 
 
 @dataclass(frozen=True)
 class KeyMark:
-    """Where key_by sits in a pipeline's steps."""
+    """Where key_by sits in a pipeline's steps. `fn`: the key of a later key_by (the first one's is
+    the pipeline's `key_fn`); None keeps the key the messages have."""
+
+    fn: Callable | str | None = None
+
+
+def check_level_start(where: str, level: list, step: StateComputation) -> None:
+    """A state computation starts its level (after key_by, or after the previous level's state
+    computation): refuse one that would follow stateless steps of a level without state."""
+    if level and not any(isinstance(s, StateComputation) for s in level):
+        raise ValueError(
+            f"{where}: state computation {step.name!r} comes after step {level[0].name!r}, and Eventide runs a "
+            "state computation first after its key_by: move the step before key_by (a step after an earlier "
+            "state computation goes with that one)"
+        )
+
+
+def check_rekey(where: str, level: list) -> None:
+    """key_by on a keyed pipeline starts the next level: the current one must have its state computation."""
+    if not any(isinstance(s, StateComputation) for s in level):
+        raise ValueError(
+            f"{where} is already keyed and has no state computation since: key_by again only after a state "
+            "computation or window step (each key_by starts a level of keyed state); drop one of the key_bys"
+        )
 
 
 def source(stream: str, decoder: Decoder | None = None, *, port: int | None = None,
@@ -595,6 +636,14 @@ class Merged:
         if any(b.post_steps for b in self.branches):
             raise ValueError("merge(...).to(...): the merged pipelines already have their own state computations")
         return dataclasses.replace(self, steps=(*self.steps, step))
+
+    def key_by(self, fn: Callable[[Any], Any] | str) -> Merged:
+        """Key the shared state computation's outputs again, for the next level's state (see Pipeline.key_by)."""
+        check_rekey("merge(...)", self._shared_level())
+        return dataclasses.replace(self, steps=(*self.steps, KeyMark(fn)))
+
+    def _shared_level(self) -> list:
+        return Pipeline("merged", steps=(KeyMark(), *self.steps), key_fn="key").levels[-1][1]
 
     def to_sink(self, *sinks: Sink) -> Merged:
         return dataclasses.replace(self, sinks=(*self.sinks, *sinks))

@@ -166,11 +166,11 @@ def test_nothing_in_the_framework_imports_a_bundled_app():
     assert offenders == []
 
 
-def test_two_state_computations_in_a_row_fail_when_the_app_is_built(tmp_path, monkeypatch):
+def test_a_pipeline_eventide_cannot_run_fails_when_the_app_is_built(tmp_path, monkeypatch):
     # Before: accepted, then every message went to quarantine at run time and the run exited 0.
     (tmp_path / "two_states.py").write_text(textwrap.dedent('''
         import pyarrow as pa
-        from transforms.api import Application, DeltaSink, decoder, source, state_computation
+        from transforms.api import Application, DeltaSink, computation, decoder, source, state_computation
 
         class Count:
             n = 0
@@ -183,17 +183,17 @@ def test_two_state_computations_in_a_row_fail_when_the_app_is_built(tmp_path, mo
         def first(msg, state):
             return msg
 
-        @state_computation("second", state=Count)
-        def second(msg, state):
+        @computation("second")
+        def second(msg):
             return msg
 
-        app = Application("two", source("two", decoder=decode).key_by("text").to(first).to(second)
+        app = Application("two", source("two", decoder=decode).key_by("text").to(second).to(first)
                           .to_sink(DeltaSink("two_out")))
     '''))
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(AppLoadError) as e:
         load_app("two_states:app")
-    assert "two_states:app" in str(e.value) and "state computation 'second' comes after state computation 'first'" in str(e.value)
+    assert "two_states:app" in str(e.value) and "state computation 'first' comes after step 'second'" in str(e.value)
 
 
 def test_bundled_apps_use_only_the_public_api():

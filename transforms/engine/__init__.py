@@ -9,6 +9,8 @@ One query per pipeline (or merged group of pipelines). The modules follow a mess
       keyed_state.py     transformWithStateInPandas grouped by a hash bucket of the key (by the key
                          itself with timers): each key's messages in sequence order through the state
                          computation, the key's state objects held in RocksDB
+      levels.py          a multi-level pipeline's later levels: re-keyed, then each its own
+                         transformWithStateInPandas, in the same query
       sink_rows.py       every sink's rows from one Python pass over the batch (mapInArrow)
       sinks.py           foreachBatch: quarantine rows first, then one writer per sink: TCP first (a
                          marker file per sink; the bytes go out through the sink's own sender

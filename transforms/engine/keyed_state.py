@@ -159,6 +159,23 @@ def with_buckets(env):
     return env.withColumn("bucket", F.pmod(F.xxhash64("key"), F.lit(STATE_BUCKETS)).cast("int"))
 
 
+def stateful_step(env, plan: QueryPlan, fail_fast: bool, layout: StateLayout):
+    """The envelopes through the plan's stateful step (one transformWithStateInPandas operator), in the
+    checkpoint's `layout`. A multi-level pipeline has one per level (engine/levels.py)."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    if layout is StateLayout.BUCKET:
+        grouped, processor = with_buckets(env).groupBy("bucket"), BucketedStateProcessor(plan, fail_fast)
+    else:
+        grouped, processor = env.groupBy("key"), KeyedStateProcessor(plan, fail_fast)
+    return grouped.transformWithStateInPandas(
+        statefulProcessor=processor,
+        outputStructType=from_arrow_schema(ENVELOPE),
+        outputMode="Append",
+        timeMode=plan.spark_time_mode.value,
+    )
+
+
 class StateLayout(str, Enum):
     KEY = "key"
     BUCKET = f"bucket-{STATE_BUCKETS}"

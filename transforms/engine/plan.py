@@ -2,17 +2,22 @@
 
 A plan resolves each source's decoder, checks that the engine can run the pipeline, and picks how
 messages travel (QueryMode) and whether the stateful step needs timers (TimeMode).
+
+A multi-level pipeline (key_by again after a state computation, or a state computation right after
+another: `Pipeline.levels`) is still one query: its first level is the plan itself, each later level a
+plan of its own in `QueryPlan.levels`, run as one more stateful operator of the same query
+(engine/levels.py).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
 
 import pyarrow as pa
 
-from transforms.api import Application, DeltaSink, KafkaTopic, Merged, Pipeline, StateComputation
+from transforms.api import Application, DeltaSink, KafkaTopic, KeyMark, Merged, Pipeline, StateComputation
 from transforms.engine.envelope import DECODED_PREFIX, ENVELOPE
 from transforms.settings import Settings
 
@@ -59,6 +64,10 @@ class QueryPlan:
     origin: KafkaTopic | None = None
     # The state computation's ttl_ms: Spark removes a key's state untouched that long (processing time)
     state_ttl_ms: int | None = None
+    # A multi-level pipeline's later levels, in order: each a plan of one level's steps (its branches keyed
+    # by that level's key, no sinks), run as the next stateful operator of this query. Their timers count in
+    # this plan's time_mode (the query's clock); each level's own time_mode and state_ttl_ms are its own.
+    levels: tuple[QueryPlan, ...] = ()
 
     @property
     def stage_schema(self) -> pa.Schema:
@@ -121,7 +130,7 @@ def plan_queries(app: Application, settings: Settings, decoders: dict | None = N
         sinks = p.sinks
         if not sinks:
             raise ValueError(f"application {app.name!r}: pipeline {i} has no sink (.to_sink(...))")
-        timed = any(getattr(s, "on_timer", None) for b in resolved for s in b.post_steps)
+        timed = any(_timed(steps) for b in resolved for _, steps in b.levels)  # the query's clock: any level's timers
         mode, decoded = _choose_mode(resolved, sinks, keyed == {True}, timed)
         name = app.name if len(app.pipelines) == 1 else f"{app.name}.{p.name if isinstance(p, Pipeline) and p.name else i}"
         plans.append(
@@ -141,7 +150,50 @@ def plan_queries(app: Application, settings: Settings, decoders: dict | None = N
                 state_ttl_ms=_state_ttl_ms(app.name, resolved),
             )
         )
+        plans[-1] = replace(plans[-1], levels=_later_levels(app.name, plans[-1]))
     return plans
+
+
+class KeepKey:
+    """The key of a level chained without key_by (a state computation right after another): the key
+    its messages already have. Pickles as the module's one instance."""
+
+    def __reduce__(self):
+        return "KEEP_KEY"
+
+    def __repr__(self) -> str:
+        return "KEEP_KEY"
+
+
+KEEP_KEY = KeepKey()
+
+
+def _timed(steps) -> bool:
+    return any(getattr(s, "on_timer", None) for s in steps)
+
+
+def _later_levels(app: str, first: QueryPlan) -> tuple[QueryPlan, ...]:
+    """The plans of the levels after the first of the query planned as `first`: each branch's steps of
+    that level, keyed by the level's key (KEEP_KEY when chained without key_by)."""
+    branches = first.branches
+    per_branch = [b.levels for b in branches]
+    if len({len(levels) for levels in per_branch}) > 1:
+        raise ValueError(
+            f"application {app!r}: merged pipelines {[b.stream for b in branches]} have different numbers of levels "
+            f"({[len(levels) for levels in per_branch]}): a merge shares each level's keyed state, so every branch "
+            "needs the same key_bys and state computations after the merge; give the extra ones to merge(...)"
+        )
+    out = []
+    for k in range(1, len(per_branch[0])):
+        level = tuple(
+            Pipeline(b.stream, None, (KeyMark(), *levels[k][1]), KEEP_KEY if levels[k][0] is None else levels[k][0],
+                     name=b.name, origin=b.origin)
+            for b, levels in zip(branches, per_branch))
+        timed = any(_timed(b.post_steps) for b in level)
+        out.append(replace(first, branches=level, sinks=(), keyed=True, mode=QueryMode.ENVELOPE, decoded_schema=None,
+                           time_mode=TimeMode.PROCESSING_TIME if timed else TimeMode.NONE,
+                           state_ttl_ms=_state_ttl_ms(app, level), levels=()))
+    return tuple(out)
 
 
 def _state_ttl_ms(app: str, branches) -> int | None:
@@ -155,25 +207,19 @@ def _state_ttl_ms(app: str, branches) -> int | None:
 
 
 def _check_steps(app: str, b: Pipeline) -> None:
-    """The engine runs a state computation only first after key_by: reject the rest here, not at run
-    time (where every message would go to quarantine)."""
+    """The engine runs a state computation only first after its key_by (or right after the previous
+    level's): reject the rest here, not at run time (where every message would go to quarantine)."""
     where = f"application {app!r}: pipeline on stream {b.stream!r}"
     for s in b.pre_steps:
         if isinstance(s, StateComputation):
             raise ValueError(f"{where} has state computation {s.name!r} before key_by; key the pipeline first")
-    post = b.post_steps
-    states = [s for s in post if isinstance(s, StateComputation)]
-    if len(states) > 1:
-        raise ValueError(
-            f"{where} has two state computations in a row ({states[0].name}, then {states[1].name}); "
-            "Eventide runs one state computation per key_by; key_by again between them is not supported "
-            "yet — merge them into one state computation (its state class can hold both states)"
-        )
-    if states and post[0] is not states[0]:
-        raise ValueError(
-            f"{where} has step {post[0].name!r} between key_by and state computation {states[0].name!r}; "
-            "Eventide runs the state computation first after key_by — move the step before key_by"
-        )
+    for _, post in b.levels:
+        states = [s for s in post if isinstance(s, StateComputation)]
+        if states and post[0] is not states[0]:
+            raise ValueError(
+                f"{where} has step {post[0].name!r} between key_by and state computation {states[0].name!r}; "
+                "Eventide runs the state computation first after key_by — move the step before key_by"
+            )
 
 
 def _choose_mode(branches: list[Pipeline], sinks: tuple, keyed: bool, timed: bool) -> tuple[QueryMode, pa.Schema | None]:

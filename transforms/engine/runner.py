@@ -25,14 +25,9 @@ from transforms.engine.close_windows import (
     open_keys,
     record_closed,
 )
-from transforms.engine.envelope import ENVELOPE, TICK_STREAM
-from transforms.engine.keyed_state import (
-    BucketedStateProcessor,
-    KeyedStateProcessor,
-    StateLayout,
-    state_layout,
-    with_buckets,
-)
+from transforms.engine.envelope import TICK_STREAM
+from transforms.engine.keyed_state import StateLayout, state_layout, stateful_step
+from transforms.engine.levels import next_level
 from transforms.engine.locks import QueryLock, describe, holder_of
 from transforms.engine.plan import QueryPlan, plan_queries
 from transforms.engine.report import RunReport
@@ -56,17 +51,9 @@ def build_stream(spark, plan: QueryPlan, settings: Settings, layout: StateLayout
 
     env = df.mapInArrow(make_pre_stage(plan, settings.fail_fast), from_arrow_schema(plan.stage_schema))
     if plan.keyed:
-        if layout is StateLayout.BUCKET:
-            grouped = with_buckets(env).groupBy("bucket")
-            processor = BucketedStateProcessor(plan, settings.fail_fast)
-        else:
-            grouped, processor = env.groupBy("key"), KeyedStateProcessor(plan, settings.fail_fast)
-        env = grouped.transformWithStateInPandas(
-            statefulProcessor=processor,
-            outputStructType=from_arrow_schema(ENVELOPE),
-            outputMode="Append",
-            timeMode=plan.spark_time_mode.value,
-        )
+        env = stateful_step(env, plan, settings.fail_fast, layout)
+        for level in plan.levels:  # a multi-level pipeline: the next levels' operators (engine/levels.py)
+            env = next_level(env, level, settings.fail_fast, layout)
     return env
 
 

@@ -17,7 +17,7 @@ from transforms.api import (
     state_computation,
 )
 from transforms.engine import run_application
-from transforms.engine.plan import QueryMode, TimeMode, plan_queries
+from transforms.engine.plan import KEEP_KEY, QueryMode, TimeMode, plan_queries
 from transforms.registry import registry_of
 from transforms.settings import Settings
 
@@ -57,29 +57,31 @@ def _merged(*steps):
     return Application("two_states", m.to_sink(DeltaSink("out")))
 
 
-def test_two_state_computations_in_a_row_fail_at_plan_time_naming_the_app(tmp_path):
-    app = _merged(first, second)  # the builder of a merge does not see this; the plan does
-    with pytest.raises(ValueError) as e:
-        plan_queries(app, _settings(tmp_path, app))
-    msg = str(e.value)
-    assert "application 'two_states': pipeline on stream 'a' has two state computations in a row (first, then second)" in msg
-    assert "merge them into one state computation" in msg
+def test_two_state_computations_in_a_row_plan_as_two_levels_of_one_query(tmp_path):
+    app = _merged(first, second)  # the second keeps the key: the next level (see test_multi_level.py)
+    (plan,) = plan_queries(app, _settings(tmp_path, app))
+    assert [b.post_steps for b in plan.branches] == [[first], [first]]
+    (level,) = plan.levels
+    assert [b.post_steps for b in level.branches] == [[second], [second]] and level.branches[0].key_fn is KEEP_KEY
 
 
-def test_run_application_rejects_them_before_any_spark_work(tmp_path):
-    app = _merged(first, second)
-    with pytest.raises(ValueError, match="two state computations in a row"):
+def test_run_application_rejects_what_cannot_run_before_any_spark_work(tmp_path):
+    app = _merged(shout, first)
+    with pytest.raises(ValueError, match="step 'shout' between key_by and state computation 'first'"):
         run_application(None, app, _settings(tmp_path, app))
 
 
 def test_a_pipeline_built_by_hand_is_checked_too(tmp_path):
-    p = Pipeline("text", as_value, (KeyMark(), first, shout, second), "k", (DeltaSink("out"),))
+    p = Pipeline("text", as_value, (KeyMark(), shout, first), "k", (DeltaSink("out"),))
     app = Application("by_hand", p)
-    with pytest.raises(ValueError, match=r"'by_hand'.*two state computations in a row \(first, then second\)"):
+    with pytest.raises(ValueError, match=r"'by_hand'.*step 'shout' between key_by and state computation 'first'"):
         plan_queries(app, _settings(tmp_path, app))
     before_key = Application("before_key", dataclasses.replace(p, steps=(first,), key_fn=None))
     with pytest.raises(ValueError, match="'before_key'.*state computation 'first' before key_by"):
         plan_queries(before_key, _settings(tmp_path, before_key))
+    two = Application("two", dataclasses.replace(p, steps=(KeyMark(), first, shout, second)))
+    (plan,) = plan_queries(two, _settings(tmp_path, two))
+    assert plan.branches[0].post_steps == [first, shout] and plan.levels[0].branches[0].post_steps == [second]
 
 
 def test_a_step_between_key_by_and_the_state_computation_fails_at_plan_time(tmp_path):
