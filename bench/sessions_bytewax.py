@@ -30,33 +30,13 @@ import bytewax.operators as op
 from bytewax.connectors.files import FileSource
 from bytewax.dataflow import Dataflow
 from bytewax.operators.windowing import EventClock, SessionWindower, fold_window
-from bytewax.outputs import DynamicSink, StatelessSinkPartition
+
+from bench.peers_bytewax import LinesSink  # one buffered line-writer sink for every Bytewax flow
 
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 FROZEN_NOW = datetime(2000, 1, 1, tzinfo=timezone.utc)
 MS = timedelta(milliseconds=1)
 BATCH = 1000  # FileSource's default lines per batch
-
-
-class _LinesPartition(StatelessSinkPartition):
-    def __init__(self, path: Path) -> None:
-        self._f = open(path, "w", buffering=1 << 20)
-
-    def write_batch(self, items: list) -> None:
-        self._f.writelines(f"{x}\n" for x in items)
-
-    def close(self) -> None:
-        self._f.close()
-
-
-class LinesSink(DynamicSink):
-    """Each item (a string) as a line of `path` (one worker)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def build(self, step_id: str, worker_index: int, worker_count: int) -> _LinesPartition:
-        return _LinesPartition(self.path)
 
 
 def decode(line: str) -> tuple[str, int, int]:
