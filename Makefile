@@ -44,7 +44,7 @@ $(CHROMIUM):
 		     echo "install it as root with 'apt-get install -y chromium', or point CHROMIUM=/path/to/chromium at one"; \
 		     exit 1; }
 
-setup: $(STAMP) $(JARS_STAMP) $(KAFKA_JARS_STAMP) $(CHROMIUM)
+setup: $(STAMP) $(JARS_STAMP) $(KAFKA_JARS_STAMP)
 
 # The benchmarks' extra (Bytewax, for bench/peers.py): installed by `make bench` only.
 $(BENCH_STAMP): pyproject.toml $(STAMP)
@@ -55,7 +55,7 @@ $(BENCH_STAMP): pyproject.toml $(STAMP)
 demo: setup
 	$(VENV)/bin/eventide demo
 
-test: setup
+test: setup $(CHROMIUM)
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest tests -n 2 --dist loadfile --no-loadscope-reorder -m 'not serial' --durations=25
 	$(PY) -m pytest tests -m serial
