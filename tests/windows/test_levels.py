@@ -98,13 +98,54 @@ def test_wallaroos_expected_outputs_are_what_this_test_expects():
     assert (MULTI / "_events1.msg").read_bytes().startswith((MULTI / "_events.msg").read_bytes() + b"\n")
 
 
+def test_the_example_decodes_wallaroos_events_and_refuses_others():
+    from examples.multi_level import decode_event
+    from transforms.api import Reject
+
+    assert decode_event(b"50000001HELO\n") == {"ms": 5000, "data": 1, "key": "HELO"}
+    assert isinstance(decode_event(b"5000HELO"), Reject) and "TTTTDDDDKKKK" in decode_event(b"x").reason
+
+
+def _row(start_ms, data, windows, events, reason):
+    return {"key": "HELO", "start_ms": start_ms, "end_ms": start_ms + 1000, "t": start_ms + 999, "data": data,
+            "windows": windows, "events": events, "close_reason": reason}
+
+
 @pytest.mark.spark
-def test_wallaroos_multi_aggregation_inputs_give_its_sums_and_counts_as_one_pipeline(spark, settings):
-    """Wallaroo's two runs: `_events` (4 events) must give one 1 s sum, 10; `_events1` (the same and 2
-    more) also the next, 24. Wallaroo closes the last windows when its source times out; here each level's
-    idle timeout does (1.5 s of wall clock, run after run as `eventide run` would). The sums and counts
-    are Wallaroo's; `t` (the window's last ms) follows Eventide's epoch-aligned windows (see
-    data/wallaroo/README.md): 5999 and 6999 where Wallaroo's data-aligned windows gave 6049 and 7099."""
+@pytest.mark.parametrize("events, expected", [("_events.msg", "_expected.msg"), ("_events1.msg", "_expected1.msg")])
+def test_wallaroos_multi_aggregation_inputs_give_its_sums_and_counts_as_one_pipeline(spark, events, expected):
+    """Wallaroo's two runs as one pipeline, each input finished and its windows closed at the end (run
+    --close-windows, level by level; Wallaroo closed them when its source timed out): `_events` (4
+    events) gives one 1 s sum, 10; `_events1` (the same and 2 more) also the next, 24. Sums, counts and
+    the sink's lines are Wallaroo's but for `t` (the window's last ms): Eventide's windows are aligned to
+    the epoch, Wallaroo's to the data (data/wallaroo/README.md), so 5999 and 6999 where Wallaroo has 6049
+    and 7099."""
+    from pyspark import cloudpickle
+
+    from examples.multi_level import multi_aggregation
+    from transforms.testing import run_app
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    app = multi_aggregation(idle_close_ms=None)
+    result = run_app(app, {"events": (MULTI / events).read_bytes().splitlines()}, spark=spark, close_windows=True)
+    rows = sorted(({k: r[k] for k in _row(0, 0, 0, 0, "")} for r in result.outputs("event_totals")),
+                  key=lambda r: r["start_ms"])  # (written by two batches: the table's order is its files')
+    if events == "_events.msg":  # [5300,5350) closes at the end, then [5000,6000) with it
+        assert rows == [_row(5000, 10, 4, 4, "end_of_input")]
+    else:  # 6050 closed [5300,5350); at the end [6050,6100) closes, whose last ms (6099) closes [5000,6000)
+        assert rows == [_row(5000, 10, 4, 4, "watermark"), _row(6000, 24, 1, 2, "end_of_input")]
+    wallaroo = _wallaroo_outputs(expected)
+    assert [(r["data"], r["key"]) for r in rows] == [(data, key) for _, data, key in wallaroo]
+    # Wallaroo's sink lines, with Eventide's t.
+    assert result.outputs("event_totals_tcp") == [f"t={r['t']},data={r['data']},key={r['key']}\n".encode() for r in rows]
+    assert result.quarantine == []
+
+
+@pytest.mark.spark
+def test_each_levels_idle_timeout_closes_its_last_windows(spark, settings):
+    """As under `eventide serve` (Wallaroo's source timeout): a quiet key's last windows close by the wall
+    clock, level by level: level 1's idle close emits its last 50 ms window, which level 2 folds, and level
+    2's own idle timeout then closes it (each in the first run after it is due)."""
     from examples.multi_level import multi_aggregation
     from tests.conftest import land
     from transforms import lake
@@ -115,52 +156,14 @@ def test_wallaroos_multi_aggregation_inputs_give_its_sums_and_counts_as_one_pipe
     settings = dataclasses.replace(settings, app_registry=registry_of([app]))
     (plan,) = plan_queries(app, settings)
     assert plan.timers and len(plan.levels) == 1  # one query: level 2 is its second stateful operator
-    table = settings.table_path("event_totals")
-
-    def rows_after_quiet():
-        """Run, then let each level's idle timeout pass and run again, once per level."""
+    land(settings, "events", (MULTI / "_events1.msg").read_bytes().splitlines())
+    run_application(spark, app, settings)
+    for _ in range(2):  # once per level: its idle timeout passes, the next run closes its last window
+        time.sleep(1.6)
         run_application(spark, app, settings)
-        for _ in range(2):
-            time.sleep(1.6)
-            run_application(spark, app, settings)
-        return [{k: r[k] for k in ("key", "start_ms", "end_ms", "t", "data", "windows", "events", "close_reason")}
-                for r in sorted(lake.read(table).to_pylist(), key=lambda r: r["start_ms"])]
-
-    events = (MULTI / "_events.msg").read_bytes().splitlines()
-    land(settings, "events", events)
-    first = {"key": "HELO", "start_ms": 5000, "end_ms": 6000, "t": 5999, "data": 10, "windows": 4, "events": 4,
-             "close_reason": "idle"}
-    assert rows_after_quiet() == [first]
-    assert [(r["data"], r["key"]) for r in [first]] == [(d, k) for _, d, k in _wallaroo_outputs("_expected.msg")]
-
-    more = (MULTI / "_events1.msg").read_bytes().splitlines()[len(events):]
-    assert [m[:4] for m in more] == [b"6050", b"6051"]
-    land(settings, "events", more)
-    second = {"key": "HELO", "start_ms": 6000, "end_ms": 7000, "t": 6999, "data": 24, "windows": 1, "events": 2,
-              "close_reason": "idle"}
-    got = rows_after_quiet()
-    assert got == [first, second]
-    assert [(r["data"], r["key"]) for r in got] == [(d, k) for _, d, k in _wallaroo_outputs("_expected1.msg")]
-
-
-@pytest.mark.spark
-def test_the_example_sends_wallaroos_sink_lines(spark):
-    """The same inputs through run_app (no idle timeout: a later event closes the windows), with the TCP
-    sink: framed `t=...,data=...,key=...` lines as Wallaroo's EventEncoder wrote them."""
-    from pyspark import cloudpickle
-
-    from examples.multi_level import multi_aggregation
-    from transforms.testing import run_app
-
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    lines = (MULTI / "_events1.msg").read_bytes().splitlines() + [b"7100" b"0002" b"HELO", b"no event"]
-    result = run_app(multi_aggregation(idle_close_ms=None), {"events": lines}, spark=spark)
-    # 7100 closes the 50 ms windows up to [6050,6100), whose last ms (6099) closes [5000,6000); [6000,7000)
-    # waits for a 50 ms window past 7000 to close ([7100,7150) is still open).
-    assert result.outputs("event_totals_tcp") == [b"t=5999,data=10,key=HELO\n"]
-    assert [(r["data"], r["windows"], r["events"], r["close_reason"]) for r in result.outputs("event_totals")] == [
-        (10, 4, 4, "watermark")]
-    assert [(q["seq"], q["step"], q["payload"]) for q in result.quarantine] == [(8, "decoder decode_event", b"no event")]
+    rows = sorted(lake.read(settings.table_path("event_totals")).to_pylist(), key=lambda r: r["start_ms"])
+    assert [{k: r[k] for k in _row(0, 0, 0, 0, "")} for r in rows] == [
+        _row(5000, 10, 4, 4, "watermark"), _row(6000, 24, 1, 2, "idle")]
 
 
 # -- the engine on Spark == the reference (a few examples) -------------------------------------------------

@@ -15,6 +15,12 @@ so closing the windows of *every* key needs an input row per key. After the norm
    (every open window closes, reason `end_of_input`). State computations without that hook (a user's
    own) never see close records.
 
+A multi-level pipeline (engine/levels.py) is closed level by level: its first level as above, then for
+each later level the keys with an open window in that level's state (its own stateful operator) get
+close records of that level (connection `CLOSE_PREFIX + query name + "#" + level`), which pass the
+levels before it untouched and reach the level's key at its re-key stage; each level's close runs the
+query once more, so what closing a level emits reaches the next level before that one is closed.
+
 Every other query of the log filters the records out (`keep_close_records`): bronze tables and other
 apps never see them. A query that reads a user's Kafka topic (kafka_source) is not closed: Eventide
 does not write to a user's topic. `<checkpoint>/eventide-closed-at` holds the last committed batch
@@ -32,6 +38,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from transforms.engine.checkpoints import batch_ids
+from transforms.engine.envelope import QUARANTINE_KEY
 from transforms.engine.plan import QueryPlan
 from transforms.files import write_text_atomic
 from transforms.settings import Settings
@@ -40,8 +47,15 @@ CLOSE_PREFIX = "\x00close:"  # the landing `connection` of a close record: never
 CLOSED_AT_FILE = "eventide-closed-at"
 
 
-def close_connection(plan: QueryPlan) -> str:
-    return CLOSE_PREFIX + plan.name
+def close_connection(plan: QueryPlan, level: int | None = None) -> str:
+    """The connection of the close records of a level of the plan's query (default: the plan's own)."""
+    level = plan.level if level is None else level
+    return CLOSE_PREFIX + plan.name + (f"#{level}" if level else "")
+
+
+def level_plans(plan: QueryPlan) -> tuple[QueryPlan, ...]:
+    """The plans of the query's levels, first to last (one for a single-level pipeline)."""
+    return (plan, *plan.levels)
 
 
 def window_steps(plan: QueryPlan) -> list:
@@ -55,8 +69,8 @@ def window_steps(plan: QueryPlan) -> list:
 
 
 def closable(plan: QueryPlan) -> bool:
-    """Keyed, reading the home's log (close records are landed there), with a window step."""
-    return plan.keyed and plan.origin is None and bool(window_steps(plan))
+    """Keyed, reading the home's log (close records are landed there), with a window step (in any level)."""
+    return plan.keyed and plan.origin is None and any(window_steps(p) for p in level_plans(plan))
 
 
 def keep_close_records(df, plan: QueryPlan):
@@ -65,7 +79,8 @@ def keep_close_records(df, plan: QueryPlan):
 
     conn = F.col("connection")
     others = conn.isNull() | ~conn.startswith(CLOSE_PREFIX)
-    return df.where(others | (conn == close_connection(plan)) if closable(plan) else others)
+    mine = [close_connection(plan, level) for level in range(len(level_plans(plan)))]
+    return df.where(others | conn.isin(mine) if closable(plan) else others)
 
 
 def last_committed(settings: Settings, plan: QueryPlan) -> int:
@@ -87,19 +102,22 @@ def record_closed(settings: Settings, plan: QueryPlan) -> None:
     write_text_atomic(plan.checkpoint(settings) / CLOSED_AT_FILE, f"{last_committed(settings, plan)}\n")
 
 
-def open_keys(spark, plan: QueryPlan, settings: Settings, layout) -> list[str]:
-    """The keys whose window step has an open window in the query's last committed state, sorted."""
+def open_keys(spark, plan: QueryPlan, settings: Settings, layout, level: int = 0) -> list[str]:
+    """The keys whose window step has an open window in the query's last committed state (of `level`,
+    for a multi-level pipeline), sorted."""
     from transforms.engine.keyed_state import StateLayout
 
-    if not (plan.checkpoint(settings) / "state").is_dir():
+    steps = [(sc.state_name, sc) for sc in window_steps(level_plans(plan)[level])]
+    if not steps or not (plan.checkpoint(settings) / "state").is_dir():
         return []
-    reader = spark.read.format("statestore").option("stateVarName", "states")
+    # Spark numbers a query's stateful operators from the last one: the last level is operator 0.
+    operator = len(plan.levels) - level
+    reader = spark.read.format("statestore").option("stateVarName", "states").option("operatorId", operator)
     state = reader.load(str(plan.checkpoint(settings).absolute()))
     if layout is StateLayout.BUCKET:  # a map state under the bucket: the user key is the map's key
         state = state.selectExpr("user_map_key.key AS key", "user_map_value.blob AS blob")
     else:
         state = state.selectExpr("key.key AS key", "value.blob AS blob")
-    steps = [(sc.state_name, sc) for sc in window_steps(plan)]
 
     def keep_open(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         for frame in frames:
@@ -113,14 +131,14 @@ def open_keys(spark, plan: QueryPlan, settings: Settings, layout) -> list[str]:
     return sorted(r[0] for r in state.mapInPandas(keep_open, "key string").collect())
 
 
-def land_close_records(settings: Settings, plan: QueryPlan, keys: list[str]) -> None:
-    """One close record per key in the query's log, in one append (landing: whole segments)."""
+def land_close_records(settings: Settings, plan: QueryPlan, keys: list[str], level: int = 0) -> None:
+    """One close record per key (of `level`) in the query's log, in one append (landing: whole segments)."""
     from transforms.ingestion.landing import LandingBusy
     from transforms.ingestion.log import open_log
 
     try:
         with open_log(settings).writer() as writer:
-            writer.append_many(plan.streams[0], [k.encode("utf-8") for k in keys], close_connection(plan))
+            writer.append_many(plan.streams[0], [k.encode("utf-8") for k in keys], close_connection(plan, level))
     except LandingBusy as e:
         raise RuntimeError(f"{plan.name}: cannot close its windows: {e}") from e
 
@@ -128,8 +146,10 @@ def land_close_records(settings: Settings, plan: QueryPlan, keys: list[str]) -> 
 # -- in the pre stage -------------------------------------------------------------------------------
 def split_close_records(plan: QueryPlan, stage):
     """The pre stage `stage`, with the plan's close records taken out before it and turned into
-    "close" envelopes (kind "close", the record's key, its sequence and branch) after it."""
-    mine = close_connection(plan)
+    "close" envelopes (kind "close", the record's key, its sequence and branch) after it. A later level's
+    record passes the first level as a quarantine envelope would, its key in `payload` (levels.py)."""
+    mine = pa.array([close_connection(plan, level) for level in range(len(level_plans(plan)))], pa.string())
+    first = close_connection(plan, 0)
     branch_of = {b.stream: i for i, b in enumerate(plan.branches)}
     schema = plan.stage_schema
 
@@ -138,7 +158,7 @@ def split_close_records(plan: QueryPlan, stage):
 
         def data():
             for b in batches:
-                is_close = pc.fill_null(pc.equal(b.column("connection"), mine), False)
+                is_close = pc.fill_null(pc.is_in(b.column("connection"), value_set=mine), False)
                 if pc.any(is_close).as_py():
                     closes.append(b.filter(is_close))
                     b = b.filter(pc.invert(is_close))
@@ -146,19 +166,21 @@ def split_close_records(plan: QueryPlan, stage):
 
         yield from stage(data())
         for c in closes:
-            yield _close_envelopes(c, schema, branch_of)
+            yield _close_envelopes(c, schema, branch_of, first)
 
     return run
 
 
-def _close_envelopes(rows: pa.RecordBatch, schema: pa.Schema, branch_of: dict) -> pa.RecordBatch:
+def _close_envelopes(rows: pa.RecordBatch, schema: pa.Schema, branch_of: dict, first: str) -> pa.RecordBatch:
     n = rows.num_rows
+    here = pc.equal(rows.column("connection"), first)  # for the first level; a later one's pass it
     cols = {
         "kind": pa.repeat(pa.scalar("close"), n),
         "seq": rows.column("seq"),
         "part": pa.repeat(pa.scalar(0, pa.int32()), n),
         "branch": pa.array([branch_of[s] for s in rows.column("stream").to_pylist()], pa.int32()),
-        "key": rows.column("payload").cast(pa.string()),
+        "key": pc.if_else(here, rows.column("payload").cast(pa.string()), pa.scalar(QUARANTINE_KEY)),
+        "payload": pc.if_else(here, pa.scalar(None, pa.binary()), rows.column("payload")),
         "stream": rows.column("stream"),
         "receive_time": rows.column("receive_time"),
         "connection": rows.column("connection"),

@@ -14,7 +14,9 @@ plan itself). The query chains the levels' stateful operators:
 The re-key stage (mapInArrow, `make_rekey_stage`) turns a level's outputs ("out" envelopes) into the
 next level's messages ("msg" envelopes) under their new key: the level's key function of the output,
 or the key they have (KEEP_KEY). Quarantine rows pass through every level untouched, and a key function
-that raises quarantines its output (step `key_by`).
+that raises quarantines its output (step `key_by`). A close record of a later level (`eventide run
+--close-windows`, close_windows.py) passes the levels before it the same way and gets its key (which it
+carries in `payload`) at its own level's re-key stage.
 
 Order: an output keeps the sequence number of the input message it answers (-1 for what a timer
 emitted), and its `part` is renumbered to its rank among the outputs of that input (so parts stay small
@@ -35,6 +37,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from transforms.engine.close_windows import close_connection
 from transforms.engine.envelope import ENVELOPE, QUARANTINE_KEY, Quarantined
 from transforms.engine.keyed_state import stateful_step
 from transforms.engine.plan import KEEP_KEY, QueryPlan
@@ -45,6 +48,7 @@ def make_rekey_stage(level: QueryPlan, fail_fast: bool) -> Callable[[Iterator[pa
     """mapInArrow: the previous level's output envelopes in, `level`'s input envelopes out (a whole
     partition at once: the outputs of one input are renumbered together)."""
     keys = [b.key_fn for b in level.branches]
+    closes_here = close_connection(level)  # close records of this level
 
     def rekey(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         batches = list(batches)
@@ -58,11 +62,15 @@ def make_rekey_stage(level: QueryPlan, fail_fast: bool) -> Callable[[Iterator[pa
         step = table.column("step").to_pylist()
         reason = table.column("reason").to_pylist()
         msg = table.column("msg")
+        payload = table.column("payload")
         branch = table.column("branch").to_pylist()
         cols = {c: table.column(c).to_pylist() for c in ("stream", "connection")}  # key_by("stream"|"connection")
         for i, k in enumerate(kind):
+            if k == "close" and cols["connection"][i] == closes_here:
+                key[i] = payload[i].as_py().decode("utf-8")
+                continue
             if k != "out":
-                key[i] = QUARANTINE_KEY  # quarantine rows pass the level untouched
+                key[i] = QUARANTINE_KEY  # quarantine rows (and later levels' close records) pass the level
                 continue
             fn = keys[branch[i]]
             kind[i] = "msg"
@@ -77,15 +85,12 @@ def make_rekey_stage(level: QueryPlan, fail_fast: bool) -> Callable[[Iterator[pa
             except Quarantined as q:
                 kind[i], key[i], step[i], reason[i] = "quarantine", QUARANTINE_KEY, q.step, q.reason
         quarantined = pa.array([k == "quarantine" for k in kind])
-        table = table.set_column(0, "kind", pa.array(kind, pa.string()))
-        table = table.set_column(table.schema.get_field_index("key"), "key", pa.array(key, pa.string()))
-        table = table.set_column(table.schema.get_field_index("step"), "step", pa.array(step, pa.string()))
-        table = table.set_column(table.schema.get_field_index("reason"), "reason", pa.array(reason, pa.string()))
-        table = table.set_column(table.schema.get_field_index("msg"), "msg",
-                                 pc.if_else(quarantined, pa.scalar(None, pa.binary()), msg))
-        table = table.set_column(table.schema.get_field_index("part"), "part",
-                                 pa.array(ranks_within(table.column("seq").to_numpy(), table.column("part").to_numpy()),
-                                          pa.int32()))
+        parts = ranks_within(table.column("seq").to_numpy(), table.column("part").to_numpy())
+        for name, column in (("kind", pa.array(kind, pa.string())), ("key", pa.array(key, pa.string())),
+                             ("step", pa.array(step, pa.string())), ("reason", pa.array(reason, pa.string())),
+                             ("msg", pc.if_else(quarantined, pa.scalar(None, pa.binary()), msg)),
+                             ("part", pa.array(parts, pa.int32()))):
+            table = table.set_column(table.schema.get_field_index(name), name, column)
         yield from table.to_batches()
 
     return rekey

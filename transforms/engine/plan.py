@@ -68,6 +68,8 @@ class QueryPlan:
     # by that level's key, no sinks), run as the next stateful operator of this query. Their timers count in
     # this plan's time_mode (the query's clock); each level's own time_mode and state_ttl_ms are its own.
     levels: tuple[QueryPlan, ...] = ()
+    # Which level of its query a plan runs: 0 the query's own plan, k its levels[k - 1]
+    level: int = 0
 
     @property
     def stage_schema(self) -> pa.Schema:
@@ -192,7 +194,7 @@ def _later_levels(app: str, first: QueryPlan) -> tuple[QueryPlan, ...]:
         timed = any(_timed(b.post_steps) for b in level)
         out.append(replace(first, branches=level, sinks=(), keyed=True, mode=QueryMode.ENVELOPE, decoded_schema=None,
                            time_mode=TimeMode.PROCESSING_TIME if timed else TimeMode.NONE,
-                           state_ttl_ms=_state_ttl_ms(app, level), levels=()))
+                           state_ttl_ms=_state_ttl_ms(app, level), levels=(), level=k))
     return tuple(out)
 
 

@@ -113,18 +113,22 @@ def run_query(spark, plan: QueryPlan, settings: Settings, tcp_addresses: dict[st
 def _close_windows(spark, plan: QueryPlan, settings: Settings, addresses: dict, report: RunReport,
                    progress: Callable[[str], None] | None) -> None:
     """Close every key's open windows (see close_windows.py): land a close record per key that has one,
-    run the query again over them, and remember that this state is closed."""
+    run the query again over them, and remember that this state is closed. A multi-level pipeline's
+    levels one after the other: what closing a level emits reaches the next before it is closed."""
     layout = state_layout(plan, plan.checkpoint(settings), settings.state_layout)
-    keys = open_keys(spark, plan, settings, layout)
-    if keys:
-        land_close_records(settings, plan, keys)
-        rows = report.input_rows
-        _run_locked(spark, plan, settings, addresses, report, progress)
-        report.input_rows += rows
-    report.closed_keys = len(keys)
+    closed = 0
+    for level in range(1 + len(plan.levels)):
+        keys = open_keys(spark, plan, settings, layout, level)
+        if keys:
+            land_close_records(settings, plan, keys, level)
+            rows = report.input_rows
+            _run_locked(spark, plan, settings, addresses, report, progress)
+            report.input_rows += rows
+        closed += len(keys)
+    report.closed_keys = closed
     record_closed(settings, plan)
     if progress:
-        progress(f"{plan.name}: closed the open windows of {len(keys)} key(s) (end of input)")
+        progress(f"{plan.name}: closed the open windows of {closed} key(s) (end of input)")
 
 
 def _run_locked(spark, plan: QueryPlan, settings: Settings, addresses: dict, report: RunReport,

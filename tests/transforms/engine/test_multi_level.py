@@ -186,6 +186,28 @@ def test_the_rekey_stage_keys_each_output_and_passes_quarantine_through():
     assert kept.column("key").to_pylist() == ["a", "a"] and kept.column("kind").to_pylist() == ["msg", "msg"]
 
 
+def test_a_later_levels_close_record_passes_the_levels_before_it_and_gets_its_key_at_its_own():
+    """eventide run --close-windows closes a multi-level pipeline level by level (close_windows.py)."""
+    from transforms.engine.close_windows import close_connection, split_close_records
+
+    pipeline = source("r", decoder=reading).key_by("k").to(running).to(seen).key_by("n").to(seen)
+    (plan,) = _plans(Application("closing", pipeline.to_sink(DeltaSink("out"))))
+    assert [close_connection(p) for p in (plan, *plan.levels)] == [
+        "\x00close:closing", "\x00close:closing#1", "\x00close:closing#2"]
+    records = pa.RecordBatch.from_pydict(
+        {"stream": ["r"] * 3, "seq": [7, 8, 9], "receive_time": [None] * 3, "payload": [b"a", b"x", b"42"],
+         "connection": [close_connection(plan, n) for n in range(3)], "landing_error": [None] * 3}, schema=LANDING)
+    (env,) = split_close_records(plan, lambda batches: [b for b in batches if False])(iter([records]))
+    # The first level's record goes to its key; the later ones' pass it as quarantine rows pass a level.
+    assert env.column("key").to_pylist() == ["a", QUARANTINE_KEY, QUARANTINE_KEY]
+    assert set(env.column("kind").to_pylist()) == {"close"}
+    later = pa.Table.from_batches([env.slice(1)]).select(ENVELOPE.names).cast(ENVELOPE)
+    (at_1,) = make_rekey_stage(plan.levels[0], False)(iter(later.to_batches()))
+    assert at_1.column("key").to_pylist() == ["x", QUARANTINE_KEY]
+    (at_2,) = make_rekey_stage(plan.levels[1], False)(iter([at_1.slice(1)]))
+    assert at_2.column("key").to_pylist() == ["42"] and at_2.column("kind").to_pylist() == ["close"]
+
+
 # -- the engine's stages over micro-batches == the reference ------------------------------------------------
 LANDING = pa.schema([("stream", pa.string()), ("seq", pa.int64()), ("receive_time", pa.timestamp("us", tz="UTC")),
                      ("connection", pa.string()), ("payload", pa.binary()), ("landing_error", pa.string())])
