@@ -12,7 +12,7 @@ from hypothesis import Phase, given
 from hypothesis import settings as examples
 from hypothesis import strategies as st
 
-from tests.conftest import DATA
+from tests.conftest import DATA, REPO
 from transforms.api import Context
 from transforms.windowing import event_time_windows
 from windows import Aggregator, CloseReason, WindowResult
@@ -90,6 +90,27 @@ def _wallaroo_outputs(name: str) -> list[tuple[int, int, str]]:
     """(t, data, key) of each framed `t=...,data=...,key=...` line Wallaroo's sink sent."""
     lines = [f.decode().strip() for f in _frames((MULTI / name).read_bytes())]
     return [(int(f["t"]), int(f["data"]), f["key"]) for f in (dict(p.split("=") for p in line.split(",")) for line in lines)]
+
+
+def test_the_readme_example_is_one_query_of_two_levels_with_wallaroos_first_sum():
+    from transforms.engine.plan import KEEP_KEY, plan_queries
+    from transforms.registry import registry_of
+    from transforms.settings import Settings
+
+    readme = (REPO / "README.md").read_text()
+    code = readme.split("## Multi-level pipelines", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    scope: dict = {}
+    exec(compile(code, "README.md:Multi-level pipelines", "exec"), scope)
+    app = scope["app"]
+    (plan,) = plan_queries(app, Settings(app_registry=registry_of([app])))
+    (level,) = plan.levels
+    (w50,), (w1s,) = plan.branches[0].post_steps, level.branches[0].post_steps
+    assert level.branches[0].key_fn is KEEP_KEY
+    state50, state1s, out = w50.state(), w1s.state(), []
+    for seq, line in enumerate((MULTI / "_events1.msg").read_bytes().splitlines() + [b"71000002HELO"], 1):
+        for w in w50.apply(app.pipelines[0].decoder(line), state50, Context("HELO", seq=seq)):
+            out += w1s.apply(w, state1s, Context("HELO", seq=seq))
+    assert [(w.window_id, w.value, w.size) for w in out] == [("HELO/5000-6000", 10, 4)]
 
 
 def test_wallaroos_expected_outputs_are_what_this_test_expects():

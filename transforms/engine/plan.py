@@ -199,8 +199,8 @@ def _later_levels(app: str, first: QueryPlan) -> tuple[QueryPlan, ...]:
 
 
 def _state_ttl_ms(app: str, branches) -> int | None:
-    """The query's state TTL: a key's state computations keep their states in one value, so they
-    expire together and must declare the same ttl_ms."""
+    """The state TTL of a query (or of one level of a multi-level pipeline): a key's state computations
+    keep their states in one value, so they expire together and must declare the same ttl_ms."""
     steps = {s.name: s.ttl_ms for b in branches for s in b.post_steps if isinstance(s, StateComputation)}
     if len(set(steps.values())) > 1:
         raise ValueError(f"application {app!r}: the state computations of one query keep a key's states "
