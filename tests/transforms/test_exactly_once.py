@@ -12,6 +12,7 @@ import time
 import pytest
 
 from tests.conftest import DATA, REPO
+from tests.crash import run_python, without_batch_bound
 from transforms import lake
 from transforms.ingestion.framing import iter_file_messages
 from transforms.ingestion.landing import Lander
@@ -30,27 +31,6 @@ for app in (bronze_application("logs"), word_count):
     run_application(spark, app, s)
 print("COMPLETE")
 """
-
-
-def _run(env, kill_when=None, timeout=240):
-    proc = subprocess.Popen([sys.executable, "-c", RUN], cwd=REPO, env=env, start_new_session=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))
-    deadline = time.time() + timeout
-    try:
-        while proc.poll() is None and time.time() < deadline:
-            if kill_when and kill_when():
-                time.sleep(random.uniform(0, 0.8))
-                os.killpg(proc.pid, signal.SIGKILL)  # the driver and its JVM die together, as in a crash
-                proc.wait()
-                return "killed"
-            time.sleep(0.05)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    out = proc.stdout.read()
-    return "complete" if "COMPLETE" in out else f"exit {proc.returncode}"
 
 
 def test_sigkill_and_rerun_leaves_every_message_exactly_once(settings):
@@ -75,13 +55,10 @@ def test_sigkill_and_rerun_leaves_every_message_exactly_once(settings):
     def committed(path, at_least):
         return lambda: (lake.version(path) or -1) >= at_least
 
-    # Small batches while there is something to kill; the last run takes the rest in Spark's default
-    # batches (its first replays the killed batch as planned, so the replay is still tested).
-    rest = {k: v for k, v in env.items() if k != "EVENTIDE_MAX_FILES_PER_TRIGGER"}
     outcomes = [
-        _run(env, committed(bronze, 3)),  # mid bronze
-        _run(env, committed(updates, 2)),  # mid word count
-        _run(rest),  # to the end
+        run_python(RUN, env, committed(bronze, 3), jitter=0.8),  # mid bronze
+        run_python(RUN, env, committed(updates, 2), jitter=0.8),  # mid word count
+        run_python(RUN, without_batch_bound(env)),  # to the end
     ]
     assert outcomes[:2] == ["killed", "killed"] and outcomes[2] == "complete", outcomes
 
@@ -150,8 +127,7 @@ def test_sigkill_between_the_delta_commits_of_two_tables_of_one_batch(settings):
     state = [lake.committed_batch(p, plan.app_id(p.name)) for p in (updates, totals)]
     assert state[1] is None or state[1] < state[0], state  # killed in between: the totals lack a batch
 
-    rest = {k: v for k, v in env.items() if k != "EVENTIDE_MAX_FILES_PER_TRIGGER"}  # the replay, then the rest at once
-    out = subprocess.run([sys.executable, "-c", WORDS], cwd=REPO, env=rest, capture_output=True, text=True, timeout=240)
+    out = subprocess.run([sys.executable, "-c", WORDS], cwd=REPO, env=without_batch_bound(env), capture_output=True, text=True, timeout=240)
     assert "COMPLETE" in out.stdout, out.stderr[-2000:]
     expected = json.loads((DATA / "word_count" / "_expected.json").read_text())
     ups = lake.read(updates).to_pandas()

@@ -5,10 +5,6 @@ multi-level query killed with SIGKILL and run again: its table exact, every row 
 import dataclasses
 import os
 import pickle
-import signal
-import subprocess
-import sys
-import time
 
 import numpy as np
 import pandas as pd
@@ -18,7 +14,8 @@ from hypothesis import given
 from hypothesis import settings as examples
 from hypothesis import strategies as st
 
-from tests.conftest import REPO, land
+from tests.conftest import land
+from tests.crash import run_python, without_batch_bound
 from transforms import lake
 from transforms.api import (
     Application,
@@ -334,24 +331,11 @@ def test_sigkill_during_a_multi_level_run_and_rerun_give_each_window_once(settin
     env = {**os.environ, "EVENTIDE_HOME": str(settings.home), "EVENTIDE_MAX_FILES_PER_TRIGGER": "2",
            "EVENTIDE_APPS": "examples.multi_level:app"}
 
-    def run(kill_at_version=None):
-        proc = subprocess.Popen([sys.executable, "-c", RUN], cwd=REPO, env=env, start_new_session=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        deadline = time.time() + 300
-        try:
-            while proc.poll() is None and time.time() < deadline:
-                if kill_at_version is not None and (lake.version(table) or -1) >= kill_at_version:
-                    os.killpg(proc.pid, signal.SIGKILL)  # the driver and its JVM, as in a crash
-                    proc.wait()
-                    return "killed"
-                time.sleep(0.02)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        return "complete" if "COMPLETE" in proc.stdout.read() else f"exit {proc.returncode}"
+    def at_version(v):
+        return lambda: (lake.version(table) or -1) >= v
 
-    assert [run(kill_at_version=2), run()] == ["killed", "complete"]
+    outcomes = [run_python(RUN, env, at_version(2), timeout=300, poll=0.02), run_python(RUN, without_batch_bound(env), timeout=300)]
+    assert outcomes == ["killed", "complete"]
     rows = sorted(lake.read(table).to_pylist(), key=lambda r: (r["key"], r["start_ms"]))
     messages = [(seq, decode_event(p)) for seq, p in enumerate(payloads, 1)]
     expected = reference_levels(messages, [event_time_level(Aggregator(create=int, add=lambda a, e: a + e["data"]), 50,
