@@ -51,6 +51,24 @@ def test_word_count_split_across_runs_equals_one_run(spark, settings):
     assert again[0].input_rows == 0 and not again[0].rows_written
 
 
+def test_a_run_killed_while_planning_its_first_batch_leaves_no_checkpoint_that_blocks_the_next(spark, settings):
+    """Killed between writing batch 0's offsets to Spark's temp file and renaming it, a process leaves
+    only that temp file and its checksum; Spark then refuses the checkpoint on every start
+    (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY, seen in the kill -9 test of serve). The next run starts
+    the query afresh and the results are exact."""
+    from transforms.engine import plan_queries
+
+    land(settings, "text", LINES)
+    (plan,) = plan_queries(word_count, settings)
+    offsets = plan.checkpoint(settings) / "offsets"
+    offsets.mkdir(parents=True)
+    (offsets / ".0.5b2f0d9e-kill.tmp").write_text('v1\n{"batchWatermarkMs":0,')  # cut short by the kill
+    (offsets / "..0.5b2f0d9e-kill.tmp.crc").write_bytes(b"crc")
+    run_application(spark, word_count, settings)
+    updates, totals = _word_results(settings)
+    assert totals == EXPECTED and len(updates) == 482
+
+
 class Seen:
     def __init__(self):
         self.n = 0

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 
 from transforms.api import Application
-from transforms.engine.checkpoints import batch_ids
+from transforms.engine.checkpoints import batch_ids, clear_unplanned
 from transforms.engine.close_windows import (
     close_due,
     keep_close_records,
@@ -180,6 +180,7 @@ def start_query(spark, plan: QueryPlan, settings: Settings, writer: BatchWriter,
     """Start the plan's streaming query on its checkpoint, every batch through `writer`."""
     ckpt = plan.checkpoint(settings)
     ckpt.parent.mkdir(parents=True, exist_ok=True)
+    clear_unplanned(ckpt)  # a kill while batch 0 was being planned must not block every restart
     layout = state_layout(plan, ckpt, settings.state_layout) if plan.keyed else StateLayout.BUCKET
     return (
         build_stream(spark, plan, settings, layout).writeStream.queryName(plan.name.replace(".", "_"))
