@@ -436,7 +436,8 @@ class Service:
                 signal.signal(signal.SIGINT, signal.SIG_DFL),
             ),
         )
-        threading.Thread(target=self._read, daemon=True).start()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
         Service.live.append(self)
 
     def kill_all(self) -> None:
@@ -466,7 +467,10 @@ class Service:
 
     def stop(self, sig: int) -> int:
         os.kill(self.proc.pid, sig)
-        return self.proc.wait(30)
+        code = self.proc.wait(30)
+        # Its last lines may still be in the pipe when it exits: the reader queues them up to EOF.
+        self._reader.join(10)
+        return code
 
 
 def lines_file(path: Path, prefix: str, n: int) -> list[bytes]:
