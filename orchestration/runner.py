@@ -50,14 +50,23 @@ _ASKED_SENSORS = ("STANDARD", "ASSET")  # run-status sensors react to events, no
 
 
 def dagster_instance(settings: Settings) -> dg.DagsterInstance:
+    import fcntl
+
     home = settings.dagster_home.absolute()
-    write_instance_config(home)
     os.environ["DAGSTER_HOME"] = str(home)
     # Resources read settings from the environment: make sure they see the same home and apps.
     os.environ["EVENTIDE_HOME"] = str(settings.home.absolute())
     if settings.app_registry is None:
         os.environ["EVENTIDE_APPS"] = settings.apps
-    return dg.DagsterInstance.get()
+    # One process at a time writes the config and creates the instance: its SQLite storages are made
+    # and stamped with their schema version on first use, and two processes doing it at once (serve and
+    # `eventide ui` started together) left two version rows ("alembic_version has more than one head"),
+    # after which neither could open it. `eventide ui` calls this before Dagster's own processes start.
+    home.mkdir(parents=True, exist_ok=True)
+    with open(home / ".instance.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        write_instance_config(home)
+        return dg.DagsterInstance.get()
 
 
 # What Eventide needs of the instance; other keys a user adds to dagster.yaml are kept.

@@ -41,3 +41,20 @@ def test_what_does_not_merge():
     assert len(merge_ranges(DEFS, [_due("ranged_job", days[0], "sensor"), _due("ranged_job", days[1], "schedule")])) == 2
     assert len(merge_ranges(DEFS, [_due("ranged_job", days[0], why="a"), _due("ranged_job", days[1], why="b")])) == 2
     assert len(merge_ranges(DEFS, [_due("ranged_job", days[0]), _due("per_day_job", days[1])])) == 2
+
+
+def test_processes_starting_together_create_one_instance_they_can_all_open(tmp_path):
+    """serve and `eventide ui` started together once stamped the new instance's storage twice
+    ("alembic_version has more than one head") and neither could open it: creation is serialized."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    code = ("import sys; from transforms.settings import Settings; from orchestration.runner import dagster_instance; "
+            "from pathlib import Path; i = dagster_instance(Settings(home=Path(sys.argv[1]))); i.get_runs(limit=1); i.get_instigator_state('x', 'y'); "
+            "print('OPENED')")
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "home")], cwd=REPO, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(6)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert all("OPENED" in out for out, _ in outs), [err[-500:] for out, err in outs if "OPENED" not in out]
