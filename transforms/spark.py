@@ -59,6 +59,9 @@ def get_spark(settings: Settings):
             .config("spark.sql.session.timeZone", "UTC")
             .config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
             .config("spark.ui.showConsoleProgress", "false")
+            # The JVM waits this long for Python to connect to a result socket (collect, toPandas); the
+            # default 15 s failed a batch on a machine loaded 5x over its cores.
+            .config("spark.python.authenticate.socketTimeout", "120s")
             # Each query's jobs in a pool of its own (sinks.BatchWriter): a big bronze batch shares the
             # cores with an app's small one instead of holding them until it is done (FIFO).
             .config("spark.scheduler.mode", "FAIR")
