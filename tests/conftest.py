@@ -44,11 +44,11 @@ def spark(tmp_path_factory):
 def _no_service_left_running():
     """A service a test started and did not stop (it failed first) is killed after it, with its JVM: else
     it would go on using a core through the rest of the suite."""
+    from tests.services import Service
+
     yield
-    gateway_tests = sys.modules.get("tests.transforms.ingestion.test_gateway")
-    if gateway_tests is not None:
-        while gateway_tests.Service.live:
-            gateway_tests.Service.live.pop().kill_all()
+    while Service.live:
+        Service.live.pop().kill_all()
 
 
 def land(settings: Settings, stream: str, payloads, connection: str = "test") -> None:

@@ -15,8 +15,8 @@ import pytest
 from examples.market import MARKET_STATE_TABLE as STATE_TABLE
 from examples.market import ORDER_REJECTIONS_TABLE
 from examples.market_decoder import Order, encode_order, parse_order_result
+from tests.services import Service
 from tests.tcp import Receiver
-from tests.transforms.ingestion.test_gateway import Service
 from transforms import lake
 from transforms.ingestion.framing import DEFAULT_FRAMING
 from transforms.settings import Settings

@@ -13,7 +13,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from tests.transforms.ingestion.test_gateway import Service
+from tests.services import Service
 from transforms.ingestion.gateway import record_ports, running_gateway, state_path
 from transforms.ingestion.landing import read_landed
 from transforms.settings import Settings

@@ -24,8 +24,8 @@ from examples.market_decoder import MarketData, Order, encode_market_data, encod
 from examples.words import split_words
 from orchestration.status import compute_status, format_status
 from tests.orchestration.test_serve import _env, _free_port
+from tests.services import Service
 from tests.tcp import Receiver
-from tests.transforms.ingestion.test_gateway import Service
 from tests.transforms.test_logs_app import expected_summary, log_messages, summary_rows
 from transforms import lake
 from transforms.ingestion.framing import DEFAULT_FRAMING, LANDED_ACK

@@ -29,8 +29,8 @@ from tests.orchestration.test_serve import (
     _send,
     _wait_for,
 )
+from tests.services import Service
 from tests.tcp import Receiver
-from tests.transforms.ingestion.test_gateway import Service
 from transforms.settings import Settings
 
 MATERIALIZATIONS = """{ assetOrError(assetKey: {path: ["%s"]}) { ... on Asset { assetMaterializations(limit: 10) {

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import DATA
-from tests.transforms.ingestion.test_gateway import Service
+from tests.services import Service
 from transforms import lake
 from transforms.ingestion import kafka_log
 from transforms.ingestion.gateway import GatewayThread

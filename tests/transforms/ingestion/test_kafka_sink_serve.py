@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import DATA
-from tests.transforms.ingestion.test_gateway import Service
+from tests.services import Service
 from transforms.ingestion.sender import send_files
 from transforms.kafka_broker import free_port
 from transforms.testing import committed_records
