@@ -64,7 +64,7 @@ import pyarrow as pa
 from bench.processes import REPO, child_env, eventide_cmd, fresh_home, spread, timed_process
 from transforms.api import Application, DeltaSink, decoder, source
 from transforms.windowing import session_windows
-from windows import Aggregator, LateEvent, WindowResult
+from windows import Aggregator, LateEvent, WindowResult, late_event_schema
 
 RESULTS = Path(__file__).resolve().parent / "results"
 FLOW_FILE = Path(__file__).resolve().with_name("sessions_bytewax.py")
@@ -110,8 +110,6 @@ def _load() -> list[float]:
 EVENT_SCHEMA = pa.schema([("key", pa.string()), ("ms", pa.int64()), ("value", pa.int64())])
 SESSION_SCHEMA = pa.schema([("key", pa.string()), ("start_ms", pa.int64()), ("end_ms", pa.int64()),
                             ("count", pa.int64()), ("sum", pa.int64()), ("close_reason", pa.string())])
-LATE_SCHEMA = pa.schema([("key", pa.string()), ("seq", pa.int64()), ("event_ms", pa.int64()),
-                         ("watermark_ms", pa.int64())])
 
 
 @decoder(schema=EVENT_SCHEMA)
@@ -136,7 +134,7 @@ app = Application(
     .to(session_windows(GAP_MS, event_time="ms", allowed_lateness_ms=LATENESS_MS, late="route")
         .over(count_and_sum).emit(session_row))
     .to_sink(DeltaSink(SESSIONS_TABLE, schema=SESSION_SCHEMA, accepts=dict),
-             DeltaSink(LATE_TABLE, schema=LATE_SCHEMA, accepts=LateEvent)),
+             DeltaSink(LATE_TABLE, schema=late_event_schema(), accepts=LateEvent)),
     description="bench: session windows (30 min gap) per key, a count and a sum each",
 )
 

@@ -16,14 +16,12 @@ import pyarrow as pa
 
 from transforms.api import Application, DeltaSink, Reject, decoder, source
 from transforms.windowing import session_windows
-from windows import Aggregator, LateEvent, WindowResult
+from windows import Aggregator, LateEvent, WindowResult, late_event_schema
 
 GAP_MS = 30 * 60_000
 CLICK_SCHEMA = pa.schema([("user", pa.string()), ("ms", pa.int64()), ("page", pa.string())])
 VISITS_SCHEMA = pa.schema([("user", pa.string()), ("start_ms", pa.int64()), ("end_ms", pa.int64()),
                            ("clicks", pa.int64()), ("pages", pa.int64()), ("close_reason", pa.string())])
-LATE_SCHEMA = pa.schema([("key", pa.string()), ("seq", pa.int64()), ("event_ms", pa.int64()),
-                         ("watermark_ms", pa.int64())])
 
 
 @decoder(schema=CLICK_SCHEMA)
@@ -52,6 +50,6 @@ app = Application(
     .to(session_windows(GAP_MS, event_time="ms", allowed_lateness_ms=5 * 60_000, late="route",
                         idle_close_ms=10 * 60_000).over(pages).emit(visit_row))
     .to_sink(DeltaSink("visits", schema=VISITS_SCHEMA, accepts=dict),
-             DeltaSink("late_clicks", schema=LATE_SCHEMA, accepts=LateEvent)),
+             DeltaSink("late_clicks", schema=late_event_schema(), accepts=LateEvent)),
     description="session windows: each user's visits, clicks less than 30 minutes apart",
 )

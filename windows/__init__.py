@@ -28,7 +28,7 @@ from windows.core import (
     window_result_schema,
 )
 from windows.count import CountState, CountWindows, reference_count_windows
-from windows.event_time import EventTimeState, EventTimeWindows, LateEvent, LatePolicy
+from windows.event_time import EventTimeState, EventTimeWindows, LateEvent, LatePolicy, late_event_schema
 from windows.session import SessionState, SessionWindows, reference_sessions
 from windows.triggers import DEFAULT_MARKER, TriggerState, TriggerWindows, is_marker
 from windows.wall_clock import WallClockState, WallClockWindows
@@ -57,6 +57,7 @@ __all__ = [
     "early_changed",
     "early_results",
     "is_marker",
+    "late_event_schema",
     "reference_count_windows",
     "reference_sessions",
     "window_result_schema",

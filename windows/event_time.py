@@ -48,6 +48,15 @@ class LateEvent:
     message: Any
 
 
+def late_event_schema():
+    """The Arrow schema of routed `LateEvent` rows for `DeltaSink(schema=..., accepts=LateEvent)`: the
+    key, sequence, event time and the watermark it fell behind (the message itself is not a column)."""
+    import pyarrow as pa
+
+    return pa.schema([("key", pa.string()), ("seq", pa.int64()), ("event_ms", pa.int64()),
+                      ("watermark_ms", pa.int64())])
+
+
 def handled_late(policy: LatePolicy, state, allowed_lateness_ms: int, key: str, seq: int, event_ms: int, msg: Any,
                  out: Emitted) -> bool:
     """True when `event_ms` is behind the key's watermark (`state.watermark`): the message is then routed

@@ -8,12 +8,16 @@ import pytest
 
 from transforms.api import Context, to_record
 from transforms.windowing import count_windows, event_time_windows, trigger_windows
-from windows import WindowResult, counting, window_result_schema
+from windows import LateEvent, WindowResult, counting, late_event_schema, window_result_schema
 
 
 def test_the_schema_names_every_field_of_a_window_result():
     assert window_result_schema(pa.int64()).names == [f.name for f in dataclasses.fields(WindowResult)]
 
+
+
+def test_the_late_event_schema_names_every_field_but_the_message():
+    assert late_event_schema().names == [f.name for f in dataclasses.fields(LateEvent) if f.name != "message"]
 
 def test_every_kind_s_results_fit_the_schema_with_their_bounds():
     def results(step, msgs):
