@@ -13,13 +13,12 @@ continuously (transforms/engine/live.py), watched by Dagster.
   (transforms/lake/upkeep.py), on a thread of its own next to the queries.
 - After tables change, the apps' sensors (with cursors kept here) and schedules are asked what is due
   and the runs they request execute here, in this process and JVM: the log app's daily summaries
-  follow the log windows without anything run by hand. Schedules are asked at least once a minute,
-  so a day with no marker and no later line is closed by the clock.
+  follow the log windows without anything run by hand. They are asked at least once a minute, so
+  the summary's automation closes a day with no marker and no later line by the clock (real time).
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import threading
 import time
 from collections.abc import Callable
@@ -132,7 +131,7 @@ class FollowUps:
         self.cursors: dict[str, str | None] = load_cursors(self.instance, self.defs)  # the daemon's too
         self.runs = 0
 
-    def run_due(self, now: dt.datetime | None = None, stopping: Callable[[], bool] = lambda: False) -> int:
+    def run_due(self, stopping: Callable[[], bool] = lambda: False) -> int:
         """Run what is due, one run at a time; stop between runs once `stopping()` (the rest stays due:
         the sensor's cursor is only kept when every run it asked for ran)."""
         from orchestration.runner import (
@@ -146,7 +145,7 @@ class FollowUps:
         from orchestration.sensors import PIPELINES_JOB
 
         before = dict(self.cursors)
-        due = merge_ranges(self.defs, due_runs(self.defs, self.instance, skip_jobs=(PIPELINES_JOB,), now=now,
+        due = merge_ranges(self.defs, due_runs(self.defs, self.instance, skip_jobs=(PIPELINES_JOB,),
                                                cursors=self.cursors))
         for run in due:
             if stopping():
@@ -167,11 +166,9 @@ class Service:
     """The queries of every registered app (and every stream's bronze), run until `stop()`."""
 
     def __init__(self, settings: Settings, say: Callable[[str], None] = print, dagster: bool = True,
-                 clock: Callable[[], dt.datetime] | None = None, schedule_every: float = SCHEDULE_EVERY_SECONDS):
-        """`clock`: what the schedules take for now (tests pass a fake one); `schedule_every`: seconds
-        between asking the schedules when no table changed."""
+                 schedule_every: float = SCHEDULE_EVERY_SECONDS):
+        """`schedule_every`: seconds between asking the sensors and schedules when no table changed."""
         self.settings, self.say, self.dagster = settings, say, dagster
-        self.clock = clock or (lambda: dt.datetime.now(dt.timezone.utc))
         self.schedule_every = schedule_every
         self.queries = []
         self.reporter: DagsterReporter | None = None
@@ -301,7 +298,7 @@ class Service:
                     if due_by_clock:
                         last_schedules = time.monotonic()
                     self._wait_for_bronze()
-                    self.follow_ups.run_due(now=self.clock(), stopping=self._stop.is_set)
+                    self.follow_ups.run_due(stopping=self._stop.is_set)
             except Exception as e:  # noqa: BLE001 - a failed follow-up is reported; the queries go on
                 self.say(f"follow-up runs failed: {e}")
 
