@@ -31,12 +31,11 @@ from bytewax.connectors.files import FileSource
 from bytewax.dataflow import Dataflow
 from bytewax.operators.windowing import EventClock, SessionWindower, fold_window
 
-from bench.peers_bytewax import LinesSink  # one buffered line-writer sink for every Bytewax flow
+from bench.bytewax_sinks import BATCH, LinesSink
 
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 FROZEN_NOW = datetime(2000, 1, 1, tzinfo=timezone.utc)
 MS = timedelta(milliseconds=1)
-BATCH = 1000  # FileSource's default lines per batch
 
 
 def decode(line: str) -> tuple[str, int, int]:
