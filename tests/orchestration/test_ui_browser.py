@@ -1,4 +1,4 @@
-"""The Dagster UI in a headless browser (Debian's Chromium, driven by playwright; `make setup` installs
+"""The Dagster UI in a headless browser (Debian's Chromium, driven by playwright; `make test` installs
 it), over a home `eventide run` made: the Automation page lists the daily summary's automation sensor,
 its evaluation shows the summary's condition (DayDue and the in-progress guards), and the summary's asset
 page shows its freshness policy and Dagster's judgement of it. Real processes: `eventide run`, then
@@ -31,7 +31,7 @@ TICKS = """{ sensorOrError(sensorSelector: {repositoryName: "__repository__",
 
 pytestmark = [
     pytest.mark.spark,
-    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"no Chromium at {CHROMIUM}: run `make setup` (installs "
+    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"no Chromium at {CHROMIUM}: run `make test` (installs "
                                                            "Debian's chromium) or set CHROMIUM"),
 ]
 
@@ -72,8 +72,9 @@ def test_the_ui_shows_the_summarys_automation_conditions_and_freshness(tmp_path)
                           stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         assert _wait_for(lambda: _graphql_up(port), 180), "the Dagster UI did not come up within 180 s"
-        # The daemon's first tick of the automation sensor records the conditions' evaluation.
-        assert _wait_for(lambda: _ticks(port, SENSOR), 120, poll=1), "the automation sensor never ticked"
+        # `eventide run` recorded its tick of the automation sensor and the conditions' evaluation, as the
+        # daemon records its own: the UI shows them from the start.
+        assert "SUCCESS" in _ticks(port, SENSOR), _ticks(port, SENSOR)
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
             try:
