@@ -51,10 +51,17 @@ def test_processes_starting_together_create_one_instance_they_can_all_open(tmp_p
 
     from tests.conftest import REPO
 
-    code = ("import sys; from transforms.settings import Settings; from orchestration.runner import dagster_instance; "
-            "from pathlib import Path; i = dagster_instance(Settings(home=Path(sys.argv[1]))); i.get_runs(limit=1); i.get_instigator_state('x', 'y'); "
+    # Each child imports first, then waits for the go file: the creations start together, not spread
+    # over the seconds the imports take.
+    go = tmp_path / "go"
+    code = ("import sys, time; from pathlib import Path; from transforms.settings import Settings; "
+            "from orchestration.runner import dagster_instance; print('READY', flush=True)\n"
+            "while not Path(sys.argv[2]).exists(): time.sleep(0.001)\n"
+            "i = dagster_instance(Settings(home=Path(sys.argv[1]))); i.get_runs(limit=1); i.get_instigator_state('x', 'y')\n"
             "print('OPENED')")
-    procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "home")], cwd=REPO, text=True,
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "home"), str(go)], cwd=REPO, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(6)]
+    assert all(p.stdout.readline().strip() == "READY" for p in procs)
+    go.touch()
     outs = [p.communicate(timeout=120) for p in procs]
     assert all("OPENED" in out for out, _ in outs), [err[-500:] for out, err in outs if "OPENED" not in out]
