@@ -22,23 +22,18 @@ def batch_ids(folder: Path) -> list[int]:
     return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit()) if folder.is_dir() else []
 
 
-def clear_unplanned(checkpoint: Path) -> list[str]:
+def clear_unplanned(checkpoint: Path) -> None:
     """Remove what a process killed before the checkpoint's first batch was planned left behind.
 
     Spark writes `offsets/0` to a hidden temp file and renames it; killed in between, the temp file (and
     its checksum) stays. Without an `offsets/<n>` file the query starts at batch 0, and Spark then
     refuses any file in offsets/, commits/ or state/ (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY) on
-    every restart. Nothing in them can be committed while no batch was planned, so they go. Returns the
-    folders cleared."""
+    every restart. Nothing in them can be committed while no batch was planned, so they go."""
     if batch_ids(checkpoint / "offsets"):
-        return []
-    cleared = []
+        return
     for name in ("offsets", "commits", "state"):
-        folder = checkpoint / name
-        if folder.is_dir() and any(folder.iterdir()):
-            shutil.rmtree(folder)
-            cleared.append(name)
-    return cleared
+        if (checkpoint / name).is_dir():
+            shutil.rmtree(checkpoint / name)
 
 
 def _log_lines(path: Path) -> list[str]:

@@ -53,6 +53,11 @@ def close_connection(plan: QueryPlan, level: int | None = None) -> str:
     return CLOSE_PREFIX + plan.name + (f"#{level}" if level else "")
 
 
+def close_connections(plan: QueryPlan) -> list[str]:
+    """The connections of the close records of every level of the plan's query, first level first."""
+    return [close_connection(plan, level) for level in range(len(level_plans(plan)))]
+
+
 def level_plans(plan: QueryPlan) -> tuple[QueryPlan, ...]:
     """The plans of the query's levels, first to last (one for a single-level pipeline)."""
     return (plan, *plan.levels)
@@ -77,10 +82,11 @@ def keep_close_records(df, plan: QueryPlan):
     """The landing rows the plan reads: close records only if they are its own."""
     from pyspark.sql import functions as F
 
+    if plan.origin is not None:  # a user's Kafka topic: Eventide never lands close records there
+        return df
     conn = F.col("connection")
     others = conn.isNull() | ~conn.startswith(CLOSE_PREFIX)
-    mine = [close_connection(plan, level) for level in range(len(level_plans(plan)))]
-    return df.where(others | conn.isin(mine) if closable(plan) else others)
+    return df.where(others | conn.isin(close_connections(plan)) if closable(plan) else others)
 
 
 def last_committed(settings: Settings, plan: QueryPlan) -> int:
@@ -89,13 +95,14 @@ def last_committed(settings: Settings, plan: QueryPlan) -> int:
 
 def close_due(settings: Settings, plan: QueryPlan) -> bool:
     """Whether a close could find an open window: some batch committed since the last close."""
-    if not closable(plan) or last_committed(settings, plan) < 0:
+    committed = last_committed(settings, plan) if closable(plan) else -1
+    if committed < 0:
         return False
     try:
         closed_at = int((plan.checkpoint(settings) / CLOSED_AT_FILE).read_text().strip())
     except (FileNotFoundError, ValueError):
         return True
-    return closed_at != last_committed(settings, plan)
+    return closed_at != committed
 
 
 def record_closed(settings: Settings, plan: QueryPlan) -> None:
@@ -148,7 +155,7 @@ def split_close_records(plan: QueryPlan, stage):
     """The pre stage `stage`, with the plan's close records taken out before it and turned into
     "close" envelopes (kind "close", the record's key, its sequence and branch) after it. A later level's
     record passes the first level as a quarantine envelope would, its key in `payload` (levels.py)."""
-    mine = pa.array([close_connection(plan, level) for level in range(len(level_plans(plan)))], pa.string())
+    mine = pa.array(close_connections(plan), pa.string())
     first = close_connection(plan, 0)
     branch_of = {b.stream: i for i, b in enumerate(plan.branches)}
     schema = plan.stage_schema

@@ -25,6 +25,7 @@ from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 from pyspark.sql.types import BinaryType, StringType, StructField, StructType
 
 from transforms.api import Context, Emit, StateComputation, to_record
+from transforms.engine.close_windows import window_steps
 from transforms.engine.envelope import (
     DECODED_PREFIX,
     ENVELOPE,
@@ -46,6 +47,7 @@ class KeyedStateProcessor(StatefulProcessor):
     def __init__(self, plan: QueryPlan, fail_fast: bool):
         self.plan = plan
         self.fail_fast = fail_fast
+        self.closable = bool(window_steps(plan))  # only a window step gets close records
 
     def init(self, handle) -> None:
         self.handle = handle
@@ -73,7 +75,7 @@ class KeyedStateProcessor(StatefulProcessor):
         states = self._load()
         ctx = self._context(key, timerValues, self.plan.timers)
         columns = [DECODED_PREFIX + n for n in self.plan.decoded_schema.names] if self.plan.mode is QueryMode.COLUMNAR else None
-        out = _run_key(df, states, self.plan.branches, self.fail_fast, columns, ctx)
+        out = _run_key(df, states, self.plan.branches, self.fail_fast, columns, ctx, self.closable)
         self.value.update((dumps(states),))
         yield out
 
@@ -81,20 +83,15 @@ class KeyedStateProcessor(StatefulProcessor):
         (key,) = key
         states = self._load()
         ctx = self._context(key, timerValues, True)
+        expiry = expiredTimerInfo.getExpiryTimeInMs()
         rows = []
-        fired = set()  # merged branches share one state computation: fire it once
-        for bno, b in enumerate(self.plan.branches):
-            sc, rest = b.post_steps[0], b.post_steps[1:]
-            if isinstance(sc, StateComputation) and sc.on_timer and id(sc) not in fired:
-                fired.add(id(sc))
-                state = _state_for(states, sc)
-                try:
-                    outs = call_user(f"{sc.name} (on_timer)", self.fail_fast, sc.fire_timer, key, state,
-                                     expiredTimerInfo.getExpiryTimeInMs(), ctx)
-                    outs = apply_steps(rest, outs, self.fail_fast) if rest else outs  # like the messages' outputs
-                except Quarantined as q:  # no input message: a quarantine row with sequence -1
-                    rows.append(("quarantine", -1, len(rows), bno, None, q.step, q.reason))
-                    continue
+        fired = _fire_each(branch_plans(self.plan.branches), lambda sc: sc.on_timer, self.fail_fast,
+                           lambda sc: call_user(f"{sc.name} (on_timer)", self.fail_fast, sc.fire_timer, key,
+                                                _state_for(states, sc), expiry, ctx))
+        for bno, outs in fired:
+            if isinstance(outs, Quarantined):  # no input message: a quarantine row with sequence -1
+                rows.append(("quarantine", -1, len(rows), bno, None, outs.step, outs.reason))
+            else:
                 rows.extend(("out", -1, len(rows) + j, bno, dumps(o)) for j, o in enumerate(outs))
         self.value.update((dumps(states),))
         yield _envelope_frame(rows, key)
@@ -116,6 +113,7 @@ class BucketedStateProcessor(StatefulProcessor):
             raise ValueError(f"{plan.name}: timers belong to a Spark group: use KeyedStateProcessor")
         self.plan = plan
         self.fail_fast = fail_fast
+        self.closable = bool(window_steps(plan))  # only a window step gets close records
 
     def init(self, handle) -> None:
         self.states = handle.getMapState("states", StructType([StructField("key", StringType(), False)]),
@@ -131,7 +129,7 @@ class BucketedStateProcessor(StatefulProcessor):
         codes = codes[order]
         starts = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]]).tolist()
         ends = starts[1:] + [len(df)]
-        rows_in = _Input(df)
+        rows_in = _Input(df, self.closable)
         keys = df["key"].tolist()
         now, watermark = _safe(timerValues.getCurrentProcessingTimeInMs), _safe(timerValues.getCurrentWatermarkInMs)
         columns = [DECODED_PREFIX + n for n in self.plan.decoded_schema.names] if self.plan.mode is QueryMode.COLUMNAR else None
@@ -284,22 +282,23 @@ class _Input:
 
     __slots__ = ("df", "seqs", "parts", "branch", "msgs", "closes")
 
-    def __init__(self, df: pd.DataFrame) -> None:
+    def __init__(self, df: pd.DataFrame, closable: bool = True) -> None:
         self.df = df
         self.seqs = df["seq"].tolist()
         self.parts = df["part"].tolist()
         self.branch = df["branch"].tolist()
         self.msgs = df["msg"].tolist()
-        # Rows that are close records (engine/close_windows.py), by position: usually none.
-        self.closes = set(np.flatnonzero(df["kind"].to_numpy() == "close").tolist())
+        # Rows that are close records (engine/close_windows.py), by position: only a plan with a window
+        # step gets any, so the others skip the scan (it is per group, per batch).
+        self.closes = set(np.flatnonzero(df["kind"].to_numpy() == "close").tolist()) if closable else frozenset()
 
 
 def _run_key(df: pd.DataFrame, states: dict, branches: tuple, fail_fast: bool, columns: list[str] | None = None,
-             ctx: Context | None = None) -> pd.DataFrame:
+             ctx: Context | None = None, closable: bool = True) -> pd.DataFrame:
     """Apply one key's messages (sorted by sequence) to its state: its output envelopes."""
     key = df["key"].iat[0]
     out = _Rows()
-    _run_rows(out, _Input(df), 0, len(df), states, branches, fail_fast, columns, ctx or Context(key))
+    _run_rows(out, _Input(df, closable), 0, len(df), states, branches, fail_fast, columns, ctx or Context(key))
     return out.frame(key, df)
 
 
@@ -308,13 +307,7 @@ def _run_rows(out: _Rows, rows: _Input, lo: int, hi: int, states: dict, branches
     """Apply rows lo..hi (one key's, in sequence order) to the key's state; runs of one batch-form
     branch go together. Outputs go to `out`, naming their input row by its position in `rows`."""
     df, seqs, parts, branch_col, msgs, closes = rows.df, rows.seqs, rows.parts, rows.branch, rows.msgs, rows.closes
-    plans = []  # per branch: (state computation or None, steps after it)
-    for b in branches:
-        post = b.post_steps
-        if post and isinstance(post[0], StateComputation):
-            plans.append((post[0], post[1:]))
-        else:
-            plans.append((None, post))
+    plans = branch_plans(branches)
     i = lo
     while i < hi:
         if i in closes:
@@ -357,20 +350,41 @@ def _run_rows(out: _Rows, rows: _Input, lo: int, hi: int, states: dict, branches
         i += 1
 
 
-def _close_at_end(out: _Rows, seq: int, row: int, plans: list, states: dict, fail_fast: bool, ctx: Context) -> None:
-    """A close record for the key: each window step (`close_at_end`, once if merged) closes every open
-    window; its outputs answer the record. Other state computations are not called."""
-    fired, part = set(), 0
+def branch_plans(branches: tuple) -> list[tuple]:
+    """Per branch: (its state computation or None, the steps after it)."""
+    plans = []
+    for b in branches:
+        post = b.post_steps
+        plans.append((post[0], post[1:]) if post and isinstance(post[0], StateComputation) else (None, post))
+    return plans
+
+
+def _fire_each(plans: list, wants: Callable, fail_fast: bool, call: Callable) -> Iterator[tuple[int, list | Quarantined]]:
+    """Each branch's state computation that `wants` it, once (merged branches share one), called
+    without an input message (a timer, a close record): (branch, its outputs through the steps after
+    it), or (branch, Quarantined)."""
+    fired = set()
     for bno, (sc, rest) in enumerate(plans):
-        hook = getattr(sc, "close_at_end", None)
-        if hook is None or id(sc) in fired:
+        if sc is None or id(sc) in fired or not wants(sc):
             continue
         fired.add(id(sc))
         try:
-            outs = call_user(f"{sc.name} (close at end of input)", fail_fast, hook, ctx.key, _state_for(states, sc), ctx)
-            outs = apply_steps(rest, outs, fail_fast) if rest else outs
+            outs = call(sc)
+            yield bno, (apply_steps(rest, outs, fail_fast) if rest else outs)
         except Quarantined as q:
-            out.add("quarantine", seq, part, bno, None, q.step, q.reason, row)
+            yield bno, q
+
+
+def _close_at_end(out: _Rows, seq: int, row: int, plans: list, states: dict, fail_fast: bool, ctx: Context) -> None:
+    """A close record for the key: each window step (`close_at_end`, once if merged) closes every open
+    window; its outputs answer the record. Other state computations are not called."""
+    part = 0
+    fired = _fire_each(plans, lambda sc: callable(getattr(sc, "close_at_end", None)), fail_fast,
+                       lambda sc: call_user(f"{sc.name} (close at end of input)", fail_fast, sc.close_at_end, ctx.key,
+                                            _state_for(states, sc), ctx))
+    for bno, outs in fired:
+        if isinstance(outs, Quarantined):
+            out.add("quarantine", seq, part, bno, None, outs.step, outs.reason, row)
             part += 1
             continue
         for o in outs:

@@ -121,9 +121,7 @@ def _close_windows(spark, plan: QueryPlan, settings: Settings, addresses: dict, 
         keys = open_keys(spark, plan, settings, layout, level)
         if keys:
             land_close_records(settings, plan, keys, level)
-            rows = report.input_rows
             _run_locked(spark, plan, settings, addresses, report, progress)
-            report.input_rows += rows
         closed += len(keys)
     report.closed_keys = closed
     record_closed(settings, plan)
@@ -150,9 +148,10 @@ def _run_locked(spark, plan: QueryPlan, settings: Settings, addresses: dict, rep
         raise
     finally:
         writer.close()
-    report.seconds = time.time() - started
+    # Added up: a run with --close-windows runs the query again (per level) into the same report.
+    report.seconds += time.time() - started
     log = plan_log(settings, plan)
-    report.input_rows = sum(landing_rows(p, log) for p in query.recentProgress)
+    report.input_rows += sum(landing_rows(p, log) for p in query.recentProgress)
     if progress:
         progress(f"{plan.name}: {report.input_rows} messages in {report.batches} batches, {report.seconds:.1f} s")
     return report
