@@ -501,15 +501,20 @@ class Pipeline:
         if self.key_fn is None:
             return []
         start = next(i for i, s in enumerate(self.steps) if isinstance(s, KeyMark))
-        levels: list[tuple[Any, list]] = [(self.key_fn, [])]
-        for s in self.steps[start + 1:]:
-            if isinstance(s, KeyMark):
-                levels.append((s.fn, []))
-            elif isinstance(s, StateComputation) and any(isinstance(x, StateComputation) for x in levels[-1][1]):
-                levels.append((None, [s]))
-            else:
-                levels[-1][1].append(s)
-        return levels
+        return split_levels(self.key_fn, self.steps[start + 1:])
+
+
+def split_levels(key: Callable | str | None, steps) -> list[tuple[Callable | str | None, list]]:
+    """The steps after a pipeline's first key_by (keyed by `key`), level by level (see Pipeline.levels)."""
+    levels: list[tuple[Any, list]] = [(key, [])]
+    for s in steps:
+        if isinstance(s, KeyMark):
+            levels.append((s.fn, []))
+        elif isinstance(s, StateComputation) and any(isinstance(x, StateComputation) for x in levels[-1][1]):
+            levels.append((None, [s]))
+        else:
+            levels[-1][1].append(s)
+    return levels
 
 
 @dataclass(frozen=True)
@@ -639,11 +644,8 @@ class Merged:
 
     def key_by(self, fn: Callable[[Any], Any] | str) -> Merged:
         """Key the shared state computation's outputs again, for the next level's state (see Pipeline.key_by)."""
-        check_rekey("merge(...)", self._shared_level())
+        check_rekey("merge(...)", split_levels(None, self.steps)[-1][1])
         return dataclasses.replace(self, steps=(*self.steps, KeyMark(fn)))
-
-    def _shared_level(self) -> list:
-        return Pipeline("merged", steps=(KeyMark(), *self.steps), key_fn="key").levels[-1][1]
 
     def to_sink(self, *sinks: Sink) -> Merged:
         return dataclasses.replace(self, sinks=(*self.sinks, *sinks))
