@@ -50,7 +50,7 @@ from bench.latency import (
     expected_for,
     run_serve,
 )
-from bench.processes import child_env, eventide_cmd, timed_process
+from bench.processes import child_env, eventide_cmd, load_average, timed_process
 
 RESULTS = Path(__file__).resolve().parent / "results"
 KINDS = ("landing", "kafka")
@@ -68,10 +68,6 @@ def progress(msg: str) -> None:
 def log_setting(kind: str, servers: str, prefix: str) -> str:
     """EVENTIDE_LOG for one measurement: the landing folder, or Kafka with topics of their own."""
     return "landing" if kind == "landing" else f"kafka://{servers}/{prefix}-"
-
-
-def _load() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
 
 
 # -- what the log app left in the tables ------------------------------------------------------------------
@@ -138,7 +134,7 @@ def serve_throughput(kind: str, log: str, data: Path, messages: int, expected: d
     env = child_env(**SPARK_ENV, EVENTIDE_HOME=str(home), EVENTIDE_APPS=LOG_APP, EVENTIDE_PORTS=f"logs={port}",
                     EVENTIDE_LOG=log)
     settings = Settings.from_env(env)
-    out: dict = {"log": log, "load_average_before": _load()}
+    out: dict = {"log": log, "load_average_before": load_average()}
     started = time.time()
     serve = ServeProcess(env)
     try:
@@ -157,7 +153,7 @@ def serve_throughput(kind: str, log: str, data: Path, messages: int, expected: d
         progress(f"throughput, {kind}: {messages:,} messages confirmed after {out['confirmed_s']} s, every query "
                  f"caught up after {out['caught_up_s']} s ({out['msgs_per_s']:,} msgs/s)")
         out["summary_after_caught_up_s"] = wait_for_summary(settings, expected, summary_timeout)
-        out["load_average_after"] = _load()
+        out["load_average_after"] = load_average()
     finally:
         out["exit_code"] = serve.stop()
     found = log_outputs(settings)
@@ -175,7 +171,7 @@ def ingest(kind: str, log: str, data: Path, messages: int, work: Path) -> dict:
 
     home = work / f"home-ingest-{kind}"
     env = child_env(EVENTIDE_HOME=str(home), EVENTIDE_APPS=LOG_APP, EVENTIDE_LOG=log)
-    load = _load()
+    load = load_average()
     seconds = timed_process([*eventide_cmd(), "ingest", "logs", str(data), "--lines"], env, work / f"ingest-{kind}.out")
     logs = {lg.log: lg for lg in compute_status(Settings.from_env(env)).logs}
     held = logs["logs"].messages + logs["logs"].open
@@ -193,7 +189,7 @@ def serve_latency(kind: str, log: str, seconds: float, warmup_seconds: float, se
     phases = [workload.phase("warmup", LATENCY_RATE, warmup_seconds, measured=False),
               workload.phase(f"rate_{LATENCY_RATE}", LATENCY_RATE, seconds)]
     expected = expected_for(workload, phases)
-    load = _load()
+    load = load_average()
     out = run_serve(workload, phases, lambda m: progress(f"latency, {kind}: {m}"), drain_timeout=20,
                     final_timeout=90, bursts=0, env_extra={"EVENTIDE_LOG": log})
     out["log"] = log
@@ -223,7 +219,7 @@ def bench_kafka(results: dict, lines: int = 1_000_000, days: int = 7, latency_se
     nested: dict = {"when": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                     "machine": f"{os.cpu_count()} cores", "lines": lines, "days": days,
                     "latency_rate_msgs_per_s": LATENCY_RATE, "latency_seconds": latency_seconds,
-                    "order": list(order), "load_average_at_start": _load(),
+                    "order": list(order), "load_average_at_start": load_average(),
                     "size": f"{lines:,} log lines over {days} days; {latency_seconds:g} s at {LATENCY_RATE:,} msgs/s"}
     started = time.time()
     try:
@@ -247,7 +243,7 @@ def bench_kafka(results: dict, lines: int = 1_000_000, days: int = 7, latency_se
     finally:
         shutil.rmtree(work, ignore_errors=True)
     nested["wall_s"] = round(time.time() - started, 1)
-    nested["load_average_at_end"] = _load()
+    nested["load_average_at_end"] = load_average()
     nested["agreement"] = agreement(nested)
     flat: dict = {}
     _flat("", {k: v for k, v in nested.items() if k not in ("throughput", "latency", "agreement")}, flat)

@@ -57,6 +57,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench.processes import load_average
 from examples.market_decoder import (
     MarketData,
     Order,
@@ -827,7 +828,7 @@ def bench_latency(results: dict, rates=(1000, 10_000), seconds: float = 60, loop
     nested = {"rates": list(rates), "phase_seconds": seconds, "loop_phase_seconds": loop_seconds, "order_share": ORDER_SHARE,
               "tick_ms": TICK_S * 1e3, "serve": serve, "loop": loop, "same_rejections_as_loop": same,
               "breakdown": bd, "load_average_at_start": [round(x, 2) for x in load_start],
-              "load_average_at_end": [round(x, 2) for x in os.getloadavg()]}
+              "load_average_at_end": load_average()}
     flat: dict = {}
     _flat("", {k: v for k, v in nested.items() if k not in ("serve", "loop", "breakdown")}, flat)
     _flat("serve_", serve, flat)

@@ -31,6 +31,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from bench.processes import load_average
 from examples.log_generate import START_DAY, generate_logs, iter_log_days
 from examples.logs_decoder import parse_log_line
 from transforms import lake
@@ -571,7 +572,7 @@ def bench_logs(results: dict, sizes: tuple[int, ...] = SIZES, days: int = DAYS,
 
 def _bench_logs(results: dict, sizes, days, histories, lines_per_day, max_minutes, stage_profile) -> dict:
     settings = Settings.from_env()
-    out: dict = {"cpus": os.cpu_count(), "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
+    out: dict = {"cpus": os.cpu_count(), "load_average_at_start": load_average(),
                  "settings": {"max_files_per_trigger": settings.max_files_per_trigger,
                               "segment_max_bytes": settings.segment_max_bytes,
                               "spark_master": settings.spark_master,
@@ -603,7 +604,7 @@ def _bench_logs(results: dict, sizes, days, histories, lines_per_day, max_minute
             out["runs"].append(run)
             rate = run["landing_plus_engine_lines_per_s"]
             progress(f"  result: {json.dumps({k: v for k, v in run.items() if k not in ('run', 'python_stages')})}")
-    out["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    out["load_average_at_end"] = load_average()
     return results
 
 

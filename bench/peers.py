@@ -68,7 +68,17 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.processes import REPO, child_env, eventide_cmd, fresh_home, land, spread, timed_process
+from bench.processes import (
+    REPO,
+    child_env,
+    eventide_cmd,
+    eventide_env,
+    fresh_home,
+    land,
+    load_average,
+    spread,
+    timed_process,
+)
 
 FLOWS_FILE = Path(__file__).resolve().with_name("peers_bytewax.py")
 WORDS_FILE = REPO / "data" / "wallaroo" / "word_count" / "count_this.txt"
@@ -366,33 +376,13 @@ def _loop_in_process(w: Workload, inp: Path, out: Path) -> float:
     return time.perf_counter() - started
 
 
-@contextlib.contextmanager
-def _eventide_env(home: Path, app: str) -> Iterator:
-    """Settings for an in-process `run_all` over `home` with only `app` registered (the environment agrees:
-    Dagster resources read it)."""
-    from transforms.settings import Settings, reset_settings
-
-    saved = {k: os.environ.get(k) for k in ("EVENTIDE_HOME", "EVENTIDE_APPS")}
-    os.environ["EVENTIDE_HOME"], os.environ["EVENTIDE_APPS"] = str(home), app
-    reset_settings()
-    try:
-        yield Settings(home=home, apps=app)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        reset_settings()
-
-
 def _eventide_in_process(w: Workload, landed: Path, home: Path) -> tuple[float, dict, object]:
     """`run_all` over a fresh copy of `landed`: (seconds, the app's queries {seconds, batches}, outputs)."""
     from bench.logs import timed_run_all
 
     fresh_home(landed, home)
     try:
-        with _eventide_env(home, APPS[w.name]) as settings:
+        with eventide_env(home, APPS[w.name]) as settings:
             run = timed_run_all(settings)
         app = [q for q in run["queries"] if not q["query"].startswith("bronze_")]
         app_query = {"seconds": sum(q["seconds"] for q in app), "batches": sum(q["batches"] for q in app)}
@@ -428,7 +418,7 @@ def bench_peers(results: dict, only: Iterable[str] = WORKLOADS, repeats: int = R
     steady = [w for w in only if w in set(steady)]
     results.update({"bytewax_version": version("bytewax"), "repeats": repeats, "workloads": ",".join(only),
                     "steady_state_workloads": ",".join(steady), "cpus": os.cpu_count(),
-                    "load_average_at_start": [round(x, 2) for x in os.getloadavg()]})
+                    "load_average_at_start": load_average()})
     tmp = Path(tempfile.mkdtemp(prefix="eventide-bench-peers-"))
     try:
         workloads: dict[str, Workload] = {}
@@ -470,7 +460,7 @@ def bench_peers(results: dict, only: Iterable[str] = WORKLOADS, repeats: int = R
         if steady:
             _steady_state(results, [workloads[n] for n in steady], repeats, tmp)
         results["agree"] = all(results.get(f"{n}_agree") for n in only)
-        results["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
+        results["load_average_at_end"] = load_average()
         results["note"] = ("cold: each implementation a whole process, spawn to exit, on the same generated input; "
                            "steady: the same work in the benchmark's process after a warm-up (Eventide: run_all on a "
                            "warm Spark session). Ratios are rate ratios: > 1 means Eventide is faster.")

@@ -1,5 +1,6 @@
-"""What the whole-process benchmarks share (bench/peers.py, bench/fixed.py): the environment of a
-child, timing one from spawn to exit, a fresh home over landed messages, and median/min/max."""
+"""What the benchmarks share (bench/peers.py, bench/fixed.py, bench/sessions.py, ...): the environment of a
+child, timing one from spawn to exit, a fresh home over landed messages, settings for an in-process run,
+the load average, and median/min/max."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -67,3 +69,29 @@ def spread(times: list[float], suffix: str = "_s", digits: int = 3) -> dict:
     """Median, min and max of repeated timings."""
     return {f"median{suffix}": round(statistics.median(times), digits), f"min{suffix}": round(min(times), digits),
             f"max{suffix}": round(max(times), digits)}
+
+
+@contextmanager
+def eventide_env(home: Path, app: str, **extra: str) -> Iterator:
+    """Settings for an in-process `run_all` over `home` with only `app` registered, and `extra`
+    EVENTIDE_* variables set (the environment agrees: Dagster resources read it); all restored after."""
+    from transforms.settings import Settings, reset_settings
+
+    values = {"EVENTIDE_HOME": str(home), "EVENTIDE_APPS": app, **extra}
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    reset_settings()
+    try:
+        yield Settings(home=home, apps=app)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        reset_settings()
+
+
+def load_average() -> list[float]:
+    """The 1, 5 and 15-minute load averages, rounded: every results file records them (a shared machine)."""
+    return [round(x, 2) for x in os.getloadavg()]

@@ -61,7 +61,16 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from bench.processes import REPO, child_env, eventide_cmd, fresh_home, spread, timed_process
+from bench.processes import (
+    REPO,
+    child_env,
+    eventide_cmd,
+    eventide_env,
+    fresh_home,
+    load_average,
+    spread,
+    timed_process,
+)
 from transforms.api import Application, DeltaSink, decoder, source
 from transforms.windowing import session_windows
 from windows import Aggregator, LateEvent, WindowResult, late_event_schema
@@ -100,10 +109,6 @@ def _commit() -> str:
 
     head = git("rev-parse", "--short", "HEAD") or "unknown (not a git checkout)"
     return head + (" + uncommitted changes" if git("status", "--porcelain", "--untracked-files=no") else "")
-
-
-def _load() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
 
 
 # -- the Eventide app --------------------------------------------------------------------------------------
@@ -283,22 +288,12 @@ def run_eventide_processes(inp: Path, home: Path, work: Path, close_windows: boo
 
 def _eventide_in_process(landed: Path, home: Path, close_windows: bool) -> tuple[float, float]:
     """`run_all` over a fresh copy of `landed` on this process's Spark: (seconds, the app query's seconds)."""
-    import dataclasses
-
     from bench.logs import timed_run_all
-    from bench.peers import _eventide_env
 
     fresh_home(landed, home)
-    saved = os.environ.pop("EVENTIDE_CLOSE_WINDOWS", None)
-    if close_windows:  # what `run --close-windows` does: the assets read the environment's settings too
-        os.environ["EVENTIDE_CLOSE_WINDOWS"] = "1"
-    try:
-        with _eventide_env(home, APP) as settings:
-            run = timed_run_all(dataclasses.replace(settings, close_windows=close_windows), summaries=False)
-    finally:
-        os.environ.pop("EVENTIDE_CLOSE_WINDOWS", None)
-        if saved is not None:
-            os.environ["EVENTIDE_CLOSE_WINDOWS"] = saved
+    # What `run --close-windows` does: the setting in the environment (the assets read their settings there).
+    with eventide_env(home, APP, EVENTIDE_CLOSE_WINDOWS="1" if close_windows else "0") as settings:
+        run = timed_run_all(settings, summaries=False)
     app_s = sum(q["seconds"] for q in run["queries"] if not q["query"].startswith("bronze_"))
     return run["total_s"], app_s
 
@@ -312,7 +307,7 @@ def bench_sessions(results: dict, events: int = EVENTS, keys: int = KEYS, repeat
     nested: dict = {"when": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                     "machine": f"{os.cpu_count()} cores", "commit": _commit(), "bytewax_version": version("bytewax"),
                     "gap_ms": GAP_MS, "allowed_lateness_ms": LATENESS_MS, "repeats": repeats,
-                    "load_average_at_start": _load(),
+                    "load_average_at_start": load_average(),
                     "close_windows": close_windows,
                     "closing": ("Eventide: by the key's watermark, and every open session at the end "
                                 "(eventide run --close-windows)" if close_windows else
@@ -338,7 +333,7 @@ def bench_sessions(results: dict, events: int = EVENTS, keys: int = KEYS, repeat
         cold: dict[str, list] = {"bytewax": [], "eventide_ingest": [], "eventide_run": [], "eventide_total": []}
         loads = []
         for r in range(repeats):
-            loads.append(_load())
+            loads.append(load_average())
             s = run_bytewax_process(inp, work / "bytewax-out", work / "bytewax.log")
             sessions, blate = read_bytewax(work / "bytewax-out")
             check(f"bytewax (cold #{r + 1})", sessions, blate, everything, late, "the reference's closed and open")
@@ -366,7 +361,7 @@ def bench_sessions(results: dict, events: int = EVENTS, keys: int = KEYS, repeat
     finally:
         shutil.rmtree(work, ignore_errors=True)
     nested["wall_s"] = round(time.time() - started, 1)
-    nested["load_average_at_end"] = _load()
+    nested["load_average_at_end"] = load_average()
     nested["note"] = ("cold: whole processes, spawn to exit, on the same generated file (Eventide: ingest + run, "
                       "each its own process); steady: after a warm-up, Eventide in this process on a warm Spark "
                       "session, Bytewax in a process of its own (run_main). Ratios are "
@@ -403,7 +398,7 @@ def _steady(work: Path, inp: Path, events: int, repeats: int, everything: list, 
     owned = spark_module._session is None
     started = time.perf_counter()
     spark_module.get_spark(Settings(home=work / "spark-home"))
-    out: dict = {"spark_start_s": round(time.perf_counter() - started, 1), "load_average_before": _load()}
+    out: dict = {"spark_start_s": round(time.perf_counter() - started, 1), "load_average_before": load_average()}
     try:
         warm_s, _ = _eventide_in_process(warm_landed, work / "warm-home", close_windows)
         progress(f"steady: warm-ups done (Eventide {warm_s:.1f} s)")
@@ -425,7 +420,7 @@ def _steady(work: Path, inp: Path, events: int, repeats: int, everything: list, 
                     for impl, ts in times.items()})
         out["eventide_vs_bytewax_ratio"] = round(statistics.median(times["bytewax"])
                                                  / statistics.median(times["eventide_run"]), 4)
-        out["load_average_after"] = _load()
+        out["load_average_after"] = load_average()
     finally:
         if owned:
             spark_module.stop_spark()
