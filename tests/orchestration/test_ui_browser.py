@@ -82,8 +82,10 @@ def test_the_ui_shows_the_summarys_automation_conditions_and_freshness(tmp_path)
                 page.set_default_timeout(60_000)
                 base = f"http://127.0.0.1:{port}"
 
-                text = _open(page, f"{base}/automation", tmp_path / "automation.png")
-                assert SENSOR in text and "Automation condition sensor" in text, text
+                # The list renders the names first and each sensor's type a moment later: wait for both.
+                _open(page, f"{base}/automation", tmp_path / "automation.png")
+                expect(page.locator("body")).to_contain_text(re.compile(SENSOR + r"\s*Automation condition sensor"))
+                page.screenshot(path=str(tmp_path / "automation.png"))
 
                 # The summary's evaluations, newest first; the newest opens on the condition's tree.
                 _open(page, f"{base}/assets/{SUMMARY_TABLE}?view=automation", tmp_path / "evaluations.png")
