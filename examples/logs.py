@@ -52,7 +52,7 @@ def _add_lines(acc: Counter, frame: pd.DataFrame) -> Counter:
 
 
 # Counts by (day, status); `add_frame` folds a micro-batch's lines at once (the batch form).
-STATUS_COUNTS = Aggregator(create=Counter, add=_add_line, add_frame=_add_lines)
+STATUS_COUNTS = Aggregator(create=Counter, add=_add_line, add_frame=_add_lines, columns=("day", "status"))
 
 
 class LogSourceState(TriggerState):

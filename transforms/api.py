@@ -204,6 +204,11 @@ class StateComputation(_ByReference):
             return self.fn(msg_or_frame, state, ctx)
         return self.fn(msg_or_frame, state)
 
+    @property
+    def reads(self) -> tuple[str, ...] | None:
+        """The message fields the batch form reads (a columnar query carries only those); None: all."""
+        return None
+
     def fire_timer(self, key: str, state: Any, expiry_ms: int, ctx: Context | None = None) -> list:
         """Call `on_timer` for a timer of `key` that expired at `expiry_ms`; its outputs."""
         if self.on_timer is None:

@@ -169,6 +169,14 @@ class WindowComputation(StateComputation):
         return replace(self.kind.build(self.window, self.name, self.state, fn, self.batch, self.early_every,
                                        self.early_every_ms), ttl_ms=self.ttl_ms)
 
+    @property
+    def reads(self) -> tuple[str, ...] | None:
+        """The window's own fields and its aggregator's declared `columns`; None when either is unknown."""
+        own, declared = self.kind.fields(), self.window.aggregator.columns
+        if not self.batch or own is None or declared is None:
+            return None
+        return tuple(dict.fromkeys((*own, *declared)))
+
     def one_message(self) -> WindowComputation:
         """The same step, one message at a time: the reference its batch form must equal."""
         return replace(self.kind.build(self.window, self.name, self.state, self.outputs, False, self.early_every,
@@ -282,6 +290,10 @@ class _WindowKind:
     def batch_form(self, window: Any) -> bool:
         return False
 
+    def fields(self) -> tuple[str, ...] | None:
+        """The message fields the batch form reads itself (None: unknown, a function of the message)."""
+        return ()
+
     def process(self, window: Any, state: Any, ctx: Context, msg: Any) -> Emitted:
         raise NotImplementedError
 
@@ -341,6 +353,12 @@ class TriggerWindowKind(_WindowKind):
     def batch_form(self, window: TriggerWindows) -> bool:
         return (window.aggregator.add_frame is not None and _has_frame_form(self.is_marker)
                 and _has_frame_form(self.boundary))
+
+    def fields(self) -> tuple[str, ...] | None:
+        triggers = [t for t in (self.is_marker, self.boundary) if t is not None]
+        if not all(isinstance(t, (FieldIs, _Reader)) for t in triggers):
+            return None
+        return tuple(t.name for t in triggers)
 
     def process(self, window: TriggerWindows, state, ctx: Context, msg) -> Emitted:
         return window.process(state, ctx.key, ctx.seq, msg)

@@ -47,19 +47,22 @@ class Aggregator:
     accumulator. `add_frame(acc, frame)` (optional) folds a pandas DataFrame of messages at once for
     batch state computations; it must agree with folding the rows one by one. `merge(acc, acc)`
     (optional; session windows need it) combines two accumulators into one, as if one had folded
-    both's messages.
+    both's messages. `columns` (optional) names the message fields `add_frame` reads: declared, a
+    query that decodes into columns carries only those (and the window's own fields) to the keyed
+    step, which is most of that step's cost for wide messages; None: every field.
     """
 
     create: Callable[[], Any]
     add: Callable[[Any, Any], Any]
     add_frame: Callable[[Any, Any], Any] | None = None
     merge: Callable[[Any, Any], Any] | None = None
+    columns: tuple[str, ...] | None = None
 
 
 def counting() -> Aggregator:
     """Counts messages (the accumulator is an int)."""
     return Aggregator(create=int, add=lambda acc, _msg: acc + 1, add_frame=lambda acc, frame: acc + len(frame),
-                      merge=lambda a, b: a + b)
+                      merge=lambda a, b: a + b, columns=())
 
 
 @dataclass

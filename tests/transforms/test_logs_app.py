@@ -73,7 +73,9 @@ def summary_rows(tables) -> list[tuple[str, int, int]]:
 # -- pure ---------------------------------------------------------------------------------------------
 def test_batch_window_function_equals_the_one_message_form_and_the_readme():
     records = [parse_log_line(m.decode()) for m in log_messages()]
-    frame = pd.DataFrame.from_records([to_record(r) for r in records])
+    # Only the fields the step declares it reads: what the engine's columnar query carries to it.
+    assert window_lines.reads == ("kind", "day", "status")
+    frame = pd.DataFrame.from_records([to_record(r) for r in records])[list(window_lines.reads)]
     frame["_seq"] = range(1, len(frame) + 1)
     assert window_lines.batch and window_lines.with_context  # the fast form is the one the app runs
     batch = window_lines.fn(frame, LogSourceState(), Context("logs"))

@@ -19,7 +19,8 @@ MARK = "END_OF_DAY"
 
 
 def collect() -> Aggregator:
-    return Aggregator(create=list, add=lambda acc, m: acc + [m["v"]], add_frame=lambda acc, f: acc + f["v"].tolist())
+    return Aggregator(create=list, add=lambda acc, m: acc + [m["v"]], add_frame=lambda acc, f: acc + f["v"].tolist(),
+                      columns=("v",))
 
 
 def messages(spec) -> list[dict]:
@@ -36,9 +37,10 @@ def run_one_by_one(step, msgs, key="src"):
 
 
 def run_frames(step, msgs, cuts, key="src"):
-    """Feed the messages as micro-batch DataFrames split at `cuts`, as the engine's batch path does."""
+    """Feed the messages as micro-batch DataFrames split at `cuts`, as the engine's batch path does:
+    only the fields the step says it reads, when it says (a columnar query carries no others)."""
     state, out = step.state(), []
-    frame = pd.DataFrame(msgs, columns=["kind", "v", "day"])
+    frame = pd.DataFrame(msgs, columns=list(step.reads) if step.reads is not None else ["kind", "v", "day"])
     frame["_seq"] = range(1, len(frame) + 1)
     bounds = [0, *sorted({c for c in cuts if 0 < c < len(frame)}), len(frame)]
     for a, b in zip(bounds, bounds[1:]):
@@ -76,6 +78,7 @@ def test_the_batch_step_equals_its_one_message_form(stream, cuts, max_count):
     step = (trigger_windows(is_marker=field_is("kind", "marker"), boundary="day", max_count=max_count)
             .over(collect()).emit(lambda w: [(w.window_id, v) for v in w.value] + [w]))
     assert step.batch and not step.one_message().batch
+    assert step.reads == ("kind", "day", "v")
     msgs = messages(stream)
     expected, s1 = run_one_by_one(step.one_message(), msgs)
     got, s2 = run_frames(step, msgs, cuts)

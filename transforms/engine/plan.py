@@ -245,4 +245,11 @@ def _choose_mode(branches: list[Pipeline], sinks: tuple, keyed: bool, timed: boo
             if f.name in union and union[f.name].type != f.type:
                 return QueryMode.ENVELOPE, None  # same name, different types: keep objects
             union.setdefault(f.name, f)
+    if first.reads is not None:  # only what the state step reads travels to it
+        unknown = [c for c in first.reads if c not in union]
+        if unknown:
+            raise ValueError(f"{first.name!r} reads field(s) {unknown} that no decoder of its pipeline gives "
+                             f"(decoded fields: {list(union)}); fix the aggregator's columns=... or the decoder")
+        keep = {*first.reads, branches[0].key_fn}  # the key too, when it is a decoded field
+        union = {name: f for name, f in union.items() if name in keep}
     return QueryMode.COLUMNAR, pa.schema(list(union.values()))

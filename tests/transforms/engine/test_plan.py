@@ -110,3 +110,38 @@ def test_modes_and_time_modes(tmp_path):
     (timed_plan,) = plan_queries(apps[QueryMode.ENVELOPE], _settings(tmp_path, apps[QueryMode.ENVELOPE]))
     assert timed_plan.time_mode is TimeMode.PROCESSING_TIME and timed_plan.time_mode.value == "ProcessingTime"
     assert timed_plan.timers
+
+
+def test_a_columnar_query_carries_only_the_fields_its_window_step_reads(tmp_path):
+    from transforms.windowing import field_is, trigger_windows
+    from windows import Aggregator
+
+    wide = decoder(lambda p: {}, name="wide", schema=pa.schema(
+        [("kind", pa.string()), ("day", pa.string()), ("status", pa.int32()), ("path", pa.string()), ("k", pa.string())]))
+
+    def plan_of(aggregator, key="k", **triggers):
+        step = trigger_windows(**(triggers or {"is_marker": field_is("kind", "m"), "boundary": "day"})).over(aggregator)
+        app = Application("w", source("a", wide).key_by(key).to(step).to_sink(DeltaSink("o")))
+        (plan,) = plan_queries(app, _settings(tmp_path, app))
+        assert plan.mode is QueryMode.COLUMNAR
+        return plan.decoded_schema.names
+
+    fold = {"create": int, "add": lambda a, m: a + 1, "add_frame": lambda a, f: a + len(f)}
+    # The window's own fields, the aggregator's columns and the key (a decoded field here); the rest stays behind.
+    assert plan_of(Aggregator(**fold, columns=("status",))) == ["kind", "day", "status", "k"]
+    assert plan_of(Aggregator(**fold, columns=())) == ["kind", "day", "k"]
+    assert plan_of(Aggregator(**fold, columns=()), key="stream") == ["kind", "day"]  # a landing key
+    # Undeclared columns, or a trigger that is a function with a frame form of its own: every field.
+    everything = ["kind", "day", "status", "path", "k"]
+    assert plan_of(Aggregator(**fold)) == everything
+
+    class Marker:
+        def __call__(self, m):
+            return m["kind"] == "m"
+
+        def frame(self, f):
+            return (f["kind"] == "m").to_numpy()
+
+    assert plan_of(Aggregator(**fold, columns=()), is_marker=Marker()) == everything
+    with pytest.raises(ValueError, match=r"reads field\(s\) \['bytes'\] that no decoder .* columns="):
+        plan_of(Aggregator(**fold, columns=("bytes",)))
