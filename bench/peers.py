@@ -18,6 +18,8 @@ same input, each implementation runs as a whole process, cold, timed from spawn 
 - bytewax:  `python -m bytewax.run bench/peers_bytewax.py:<workload>_flow(in, out)`: one worker, no
             recovery, FileSource -> map/flat_map (the project's decoders) -> key_on + stateful_map /
             stateful_flat_map -> file sinks (see bench/peers_bytewax.py);
+- pyspark:  logs only, `python -m bench.peers_pyspark in out`: the hand-written PySpark job (read.text,
+            regexp_extract, groupBy; session start included) that issue L measures Eventide's run against;
 - loop:     `python -m bench.peers --loop <workload> in out`: one process reads the same file and makes
             the same decisions with the project's loop functions (parse_log_line, market.run_loop,
             split_words), writing the same output files;
@@ -83,7 +85,9 @@ from bench.processes import (
 FLOWS_FILE = Path(__file__).resolve().with_name("peers_bytewax.py")
 WORDS_FILE = REPO / "data" / "wallaroo" / "word_count" / "count_this.txt"
 WORKLOADS = ("logs", "market", "words")
-IMPLS = ("bytewax", "loop", "eventide")
+IMPLS = ("bytewax", "loop", "pyspark", "eventide")
+COLD_IMPLS = {"logs": ("loop", "bytewax", "pyspark", "eventide")}  # the loop first: it is the reference
+STEADY_IMPLS = ("loop", "bytewax", "eventide")
 APPS = {"logs": "examples.logs:app", "market": "examples.market:app", "words": "examples.words:app"}
 UNITS = {"logs": "lines", "market": "msgs", "words": "lines"}
 FULL = {"logs_lines": 4_000_000, "logs_days": 30, "market_messages": 1_000_000, "market_symbols": 3000,
@@ -343,6 +347,11 @@ def run_cold(w: Workload, impl: str, scratch: Path) -> tuple[float, object]:
         spec = f"{FLOWS_FILE}:{w.name}_flow({str(w.input)!r}, {str(out)!r})"
         seconds = timed_process([sys.executable, "-m", "bytewax.run", spec], child_env(), log)
         return seconds, read_file_outputs(w.name, out)
+    if impl == "pyspark":
+        out = scratch / f"{w.name}-pyspark-out"
+        shutil.rmtree(out, ignore_errors=True)
+        seconds = timed_process([sys.executable, "-m", "bench.peers_pyspark", str(w.input), str(out)], child_env(), log)
+        return seconds, read_file_outputs(w.name, out)
     if impl == "loop":
         out = scratch / f"{w.name}-loop-out"
         shutil.rmtree(out, ignore_errors=True)
@@ -403,7 +412,7 @@ def _record(out: dict, w: Workload, mode: str, times: dict[str, list[float]]) ->
         medians[impl] = statistics.median(ts)
         out[f"{w.name}_{impl}_{mode}_{unit}_per_s"] = round(w.units / medians[impl])
     if "eventide" in medians:
-        for other in ("bytewax", "loop"):
+        for other in ("bytewax", "loop", "pyspark"):
             if other in medians:  # rate ratio: > 1 means Eventide is faster
                 out[f"{w.name}_eventide_vs_{other}_{mode}_ratio"] = round(medians[other] / medians["eventide"], 4)
 
@@ -439,7 +448,7 @@ def bench_peers(results: dict, only: Iterable[str] = WORKLOADS, repeats: int = R
             times: dict[str, list[float]] = {impl: [] for impl in IMPLS}
             want = None
             for r in range(repeats):
-                for impl in ("loop", "bytewax", "eventide"):  # the loop first: it is the reference
+                for impl in COLD_IMPLS.get(name, STEADY_IMPLS):
                     seconds, got = run_cold(w, impl, tmp / "scratch")
                     if want is None:
                         want = _reference(w, got)
@@ -494,7 +503,7 @@ def _steady_state(results: dict, workloads: list[Workload], repeats: int, tmp: P
             times: dict[str, list[float]] = {impl: [] for impl in IMPLS}
             app_query: list[float] = []
             for r in range(repeats):
-                for impl in ("loop", "bytewax", "eventide"):
+                for impl in STEADY_IMPLS:
                     if impl == "eventide":
                         seconds, query, got = _eventide_in_process(w, w.home, scratch / "eventide-home")
                         app_query.append(query["seconds"])
