@@ -10,6 +10,10 @@ Two layouts of the same step (a checkpoint keeps the one it started with, see `s
 - `BucketedStateProcessor` groups by a hash bucket of the key: one group per bucket per batch, each
   key's state in a map state under it. Spark's per-group costs (a pandas frame in, one out, its
   Arrow conversion, the implicit-key calls) were most of a small batch: measured 1.6 ms a key.
+  Its input arrives packed (`pack_by_bucket`): one row per bucket per Arrow batch holding that
+  bucket's envelopes as Arrow IPC. PySpark 4.1 hands transformWithStateInPandas its input row by row
+  in Python (itertuples, then a DataFrame built from the tuples), which was most of a one-key
+  query's time (1M log lines: ~8 s on one core); packed, it sees a few rows per batch.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 from pyspark.sql.types import BinaryType, StringType, StructField, StructType
 
@@ -121,12 +126,13 @@ class BucketedStateProcessor(StatefulProcessor):
                                          self.plan.state_ttl_ms)  # per entry: each user key expires alone
 
     def handleInputRows(self, bucket, rows, timerValues) -> Iterator[pd.DataFrame]:
-        frames = list(rows)
-        df = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
+        df = unpack(rows)
         codes, _ = pd.factorize(df["key"], sort=False)
         order = np.lexsort((df["part"].to_numpy(), df["seq"].to_numpy(), codes))
-        df = df.take(order).reset_index(drop=True)
-        codes = codes[order]
+        if (order[1:] < order[:-1]).any():  # often in order already (one key, or keys apart): no copy
+            df = df.take(order)
+            df.index = pd.RangeIndex(len(df))
+            codes = codes[order]
         starts = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]]).tolist()
         ends = starts[1:] + [len(df)]
         rows_in = _Input(df, self.closable)
@@ -157,13 +163,54 @@ def with_buckets(env):
     return env.withColumn("bucket", F.pmod(F.xxhash64("key"), F.lit(STATE_BUCKETS)).cast("int"))
 
 
+PACKED = pa.schema([("bucket", pa.int32()), ("rows", pa.binary())])
+
+
+def pack_by_bucket(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """mapInArrow: envelopes with their bucket in, one row per bucket per batch out, holding the
+    bucket's envelopes (in their order, without the bucket column) as an Arrow IPC stream."""
+    for batch in batches:
+        if not batch.num_rows:
+            continue
+        buckets = batch.column("bucket").to_numpy(zero_copy_only=False)
+        order = np.argsort(buckets, kind="stable")  # stable: each bucket's rows keep their order
+        sorted_buckets = buckets[order]
+        table = pa.Table.from_batches([batch.drop_columns(["bucket"])]).take(pa.array(order))
+        starts = np.flatnonzero(np.r_[True, sorted_buckets[1:] != sorted_buckets[:-1]])
+        ends = np.r_[starts[1:], len(order)]
+        packed = []
+        for lo, hi in zip(starts.tolist(), ends.tolist()):
+            sink = pa.BufferOutputStream()
+            with pa.ipc.new_stream(sink, table.schema) as writer:
+                writer.write_table(table.slice(lo, hi - lo))
+            packed.append(sink.getvalue().to_pybytes())
+        yield pa.RecordBatch.from_arrays([pa.array(sorted_buckets[starts], pa.int32()), pa.array(packed, pa.binary())],
+                                         schema=PACKED)
+
+
+def unpack(frames: Iterator[pd.DataFrame]) -> pd.DataFrame:
+    """A bucket's packed rows as one frame of envelopes, converted as Spark converts its input (time
+    stamps tz-naive in UTC, the session's zone; dates as datetime.date)."""
+    tables = [pa.ipc.open_stream(blob).read_all() for frame in frames for blob in frame["rows"]]
+    table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+    df = table.to_pandas()
+    for f in table.schema:
+        if pa.types.is_timestamp(f.type):
+            column = df[f.name]
+            if f.type.tz is not None:
+                column = column.dt.tz_convert("UTC").dt.tz_localize(None)
+            df[f.name] = column.astype("datetime64[ns]")
+    return df
+
+
 def stateful_step(env, plan: QueryPlan, fail_fast: bool, layout: StateLayout):
     """The envelopes through the plan's stateful step (one transformWithStateInPandas operator), in the
     checkpoint's `layout`. A multi-level pipeline has one per level (engine/levels.py)."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
     if layout is StateLayout.BUCKET:
-        grouped, processor = with_buckets(env).groupBy("bucket"), BucketedStateProcessor(plan, fail_fast)
+        packed = with_buckets(env).mapInArrow(pack_by_bucket, from_arrow_schema(PACKED))
+        grouped, processor = packed.groupBy("bucket"), BucketedStateProcessor(plan, fail_fast)
     else:
         grouped, processor = env.groupBy("key"), KeyedStateProcessor(plan, fail_fast)
     return grouped.transformWithStateInPandas(
@@ -404,12 +451,14 @@ def _run_batch(out: _Rows, seqs, parts, branch_col, frame: pd.DataFrame, i, j, s
             out.add("quarantine", seqs[k], parts[k], branch_col[k], None, q.step, q.reason, k)
         return
     # Each output names the input it answers (`Emit(seq, value)` or a `_seq` field; default: the last).
-    position = {s: k for k, s in enumerate(seqs[i:j], start=i)}
+    position: dict | None = None  # built when first asked: one entry per input row
     for n_out, rec in enumerate(records):
         s = None
         if isinstance(rec, Emit):
             s, rec = rec.seq, rec.value
         elif isinstance(rec, dict):
             s = rec.pop("_seq", None)
+        if s is not None and position is None:
+            position = {s: k for k, s in enumerate(seqs[i:j], start=i)}
         k = position.get(int(s), j - 1) if s is not None else j - 1
         out.add("out", seqs[k], n_out, branch_col[k], dumps(rec), None, None, k)
