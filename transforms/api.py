@@ -366,6 +366,10 @@ class DeltaSink:
     # Stale (Dagster's freshness policy) after this many minutes without data; None: EVENTIDE_FRESHNESS_MINUTES;
     # 0: no policy (a table written only now and then, like rejections, or once a day, like closed windows).
     freshness_minutes: float | None = None
+    # The columns whose per-file statistics Delta keeps for data skipping (the table property
+    # delta.dataSkippingStatsColumns, set when the table is created); None: Delta's default, the first 32.
+    # Statistics on long strings cost more to write than they save to read (bronze keeps none).
+    stats_columns: Sequence[str] | None = None
 
     def __post_init__(self) -> None:
         for c in self.checks:
@@ -378,6 +382,22 @@ class DeltaSink:
             raise ValueError(f"DeltaSink {self.table!r}: mode must be 'append' or 'upsert', got {self.mode!r}")
         if self.mode == "upsert" and not self.keys:
             raise ValueError(f"DeltaSink {self.table!r}: upsert needs keys=[...]")
+        if self.stats_columns is not None:
+            if isinstance(self.stats_columns, str) or not all(isinstance(c, str) and c for c in self.stats_columns):
+                raise TypeError(f"DeltaSink {self.table!r}: stats_columns takes a list of column names, "
+                                f"got {self.stats_columns!r}")
+            known = self.schema.names + list(self.metadata) if self.schema is not None else None
+            unknown = [c for c in self.stats_columns if known is not None and c not in known]
+            if unknown:
+                raise ValueError(f"DeltaSink {self.table!r}: stats_columns {unknown} are not columns of the table "
+                                 f"({known})")
+
+    @property
+    def table_properties(self) -> dict[str, str]:
+        """The Delta table properties the sink sets when it creates its table."""
+        if self.stats_columns is None:
+            return {}
+        return {"delta.dataSkippingStatsColumns": ",".join(c if c.isidentifier() else f"`{c}`" for c in self.stats_columns)}
 
     @property
     def name(self) -> str:

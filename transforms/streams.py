@@ -28,6 +28,18 @@ def bronze_schema(spec: StreamSpec) -> pa.Schema | None:
     return pa.schema(_METADATA_FIELDS + list(spec.decoder.schema))
 
 
+def bronze_stats_columns(spec: StreamSpec) -> list[str] | None:
+    """The bronze columns Delta keeps file statistics for: the landing metadata and the decoded fields
+    that are not text. Statistics on text (paths, hosts, payload fields) were half the cost of writing
+    bronze and skip nothing a day, a time, a number or a sequence range does not (1M log lines: the
+    Delta write 5.4-6.1 s with every column's statistics, 2.3-2.9 s with these)."""
+    if spec.decoder.schema is None:
+        return None
+    text = (pa.types.is_string, pa.types.is_large_string, pa.types.is_binary, pa.types.is_large_binary)
+    return ["stream", "seq", "receive_time",
+            *(f.name for f in spec.decoder.schema if not any(is_text(f.type) for is_text in text))]
+
+
 def bronze_application(spec: StreamSpec | str) -> Application:
     """Decode a landed stream into its bronze table; undecodable input goes to quarantine.
     A stream name is looked up among the apps registered in the environment's settings."""
@@ -38,7 +50,8 @@ def bronze_application(spec: StreamSpec | str) -> Application:
     return Application(
         f"bronze_{spec.name}",
         source(spec.name, spec.decoder).to_sink(
-            DeltaSink(spec.bronze_table, schema=bronze_schema(spec), metadata=BRONZE_METADATA)
+            DeltaSink(spec.bronze_table, schema=bronze_schema(spec), metadata=BRONZE_METADATA,
+                      stats_columns=bronze_stats_columns(spec))
         ),
         quarantine_landing_errors=True,
         description=f"`{spec.name}` decoded by {spec.decoder.name}",

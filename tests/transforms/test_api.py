@@ -5,9 +5,11 @@ from collections import namedtuple
 from dataclasses import dataclass
 
 import pandas as pd
+import pyarrow as pa
 import pytest
 
 from transforms.api import (
+    DeltaSink,
     UserFunctionError,
     computation,
     computation_multi,
@@ -286,3 +288,14 @@ def test_decorated_functions_of_an_importable_module_pickle_by_name(tmp_path, mo
     for fn in (binary_app.decode, binary_app.double):
         assert pickle.loads(cloudpickle.dumps(fn)) is fn
     sys.modules.pop("binary_app", None)
+
+
+def test_a_delta_sinks_stats_columns_become_its_table_property_and_are_checked():
+    schema = pa.schema([("day", pa.date32()), ("path", pa.string()), ("odd name", pa.int64())])
+    sink = DeltaSink("t", schema=schema, metadata=("seq",), stats_columns=["day", "seq", "odd name"])
+    assert sink.table_properties == {"delta.dataSkippingStatsColumns": "day,seq,`odd name`"}
+    assert DeltaSink("t").table_properties == {}  # Delta's default: the first 32 columns
+    with pytest.raises(ValueError, match=r"stats_columns \['nope'\] are not columns"):
+        DeltaSink("t", schema=schema, stats_columns=["nope"])
+    with pytest.raises(TypeError, match="list of column names"):
+        DeltaSink("t", schema=schema, stats_columns="day")

@@ -1,5 +1,6 @@
 """Bronze tables from landed streams: exact decoding, markers, quarantine."""
 
+import json
 import struct
 from collections import Counter
 
@@ -51,6 +52,14 @@ def test_bronze_log_lines_for_the_four_sample_days(spark, settings):
     assert quarantine.reason.iloc[0].startswith("log line: expected a Common Log Format line")
     assert list(quarantine.payload) == [b"this is not a log line\n", b"partial"]
     assert report.input_rows == 1274 + 4 + 2
+    # Delta keeps file statistics on the landing metadata and the decoded fields that are not text.
+    log = sorted((settings.table_path("bronze_log_lines") / "_delta_log").glob("*.json"))
+    actions = [json.loads(line) for f in log for line in f.read_text().splitlines()]
+    (meta,) = [a["metaData"] for a in actions if "metaData" in a]
+    stats_columns = ["stream", "seq", "receive_time", "timestamp", "day", "status", "bytes"]
+    assert meta["configuration"]["delta.dataSkippingStatsColumns"] == ",".join(stats_columns)
+    stats = [json.loads(a["add"]["stats"]) for a in actions if "add" in a]
+    assert stats and all(sorted(s["minValues"]) == sorted(stats_columns) for s in stats), stats
 
 
 def test_bronze_market_data_decodes_the_350_messages_exactly(spark, settings):

@@ -16,7 +16,7 @@ a commit that did land is skipped by Delta like any replay.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from transforms.lake.reads import exists
@@ -44,30 +44,34 @@ def _retry_conflicts(write: Callable[[], None], what: str, retries: int = 8) -> 
     raise AssertionError(f"{what}: not reached")
 
 
-def append_once(df, path: str | Path, app_id: str, batch_id: int, partition_by: Sequence[str] = ()) -> None:
+def append_once(df, path: str | Path, app_id: str, batch_id: int, partition_by: Sequence[str] = (),
+                properties: Mapping[str, str] | None = None) -> None:
     """Append `df` as batch `batch_id` of writer `app_id`; Delta skips a batch it committed before.
-    New columns are added to the table (mergeSchema); a column of another type is Delta's error."""
+    New columns are added to the table (mergeSchema); a column of another type is Delta's error.
+    `properties` (delta.*): table properties set if this append creates the table (else ignored)."""
     writer = (df.write.format("delta").mode("append").option("txnAppId", app_id).option("txnVersion", batch_id)
               .option("mergeSchema", "true"))
+    for key, value in (properties or {}).items():
+        writer = writer.option(key, value)
     if partition_by:
         writer = writer.partitionBy(*partition_by)
     _retry_conflicts(lambda: writer.save(str(path)), f"append to {path}")
 
 
 def merge_once(df, path: str | Path, keys: Sequence[str], app_id: str, batch_id: int,
-               update: bool = True, prune: str | None = None) -> None:
+               update: bool = True, prune: str | None = None, properties: Mapping[str, str] | None = None) -> None:
     """MERGE `df` into the table by `keys` as batch `batch_id` of `app_id` (exactly once, by Delta):
     matching rows updated (`update`) or left as they are (insert only: the first writer of a key
     wins), the others inserted. `df` holds one row per key. `prune`: a condition on the target alias
     `t` that every matching row meets (a seq range), so the MERGE reads only the files that may hold
-    them. A missing table is created by the batch's rows."""
+    them. A missing table is created by the batch's rows (with `properties`, see append_once)."""
     from delta.tables import DeltaTable
 
     spark = df.sparkSession
 
     def write() -> None:
         if not exists(path):
-            append_once(df, path, app_id, batch_id)
+            append_once(df, path, app_id, batch_id, properties=properties)
             return
         condition = " AND ".join([f"t.{_column(k)} = s.{_column(k)}" for k in keys] + ([f"({prune})"] if prune else []))
         merge = DeltaTable.forPath(spark, str(path)).alias("t").merge(df.alias("s"), condition).withSchemaEvolution()
