@@ -387,14 +387,15 @@ class DeltaSinkWriter(SinkWriter):
         replay = self.committed(batch_id)
         sink = self.sink
         if sink.mode == "append":
-            lake.append_once(_few_files(rows, n), self.root, self.app_id, batch_id, sink.partition_by)
+            lake.append_once(_few_files(rows, n), self.root, self.app_id, batch_id, sink.partition_by,
+                             sink.table_properties)
         else:
             from pyspark.sql import Window
             from pyspark.sql import functions as F
 
             last = Window.partitionBy(*(_col(k) for k in sink.keys)).orderBy(F.desc(ORDER[0]), F.desc(ORDER[1]))
             rows = rows.withColumn("__last", F.row_number().over(last)).where("__last = 1").drop("__last", *ORDER)
-            lake.merge_once(rows, self.root, list(sink.keys), self.app_id, batch_id)
+            lake.merge_once(rows, self.root, list(sink.keys), self.app_id, batch_id, properties=sink.table_properties)
         return self._done(batch_id, n, replay)
 
     def write_direct(self, outs, batch_id: int) -> bool:
@@ -408,7 +409,7 @@ class DeltaSinkWriter(SinkWriter):
         types = from_arrow_schema(self.sink.schema)
         rows = outs.select(*(_col(DECODED_PREFIX + f.name if f.name in decoded else f.name).cast(f.dataType).alias(f.name)
                              for f in types.fields))
-        lake.append_once(rows, self.root, self.app_id, batch_id, self.sink.partition_by)
+        lake.append_once(rows, self.root, self.app_id, batch_id, self.sink.partition_by, self.sink.table_properties)
         return replay
 
     def counted(self, batch_id: int, n: int, replay: bool) -> str:
