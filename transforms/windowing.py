@@ -291,8 +291,8 @@ class _WindowKind:
         return False
 
     def fields(self) -> tuple[str, ...] | None:
-        """The message fields the batch form reads itself (None: unknown, a function of the message)."""
-        return ()
+        """The message fields the batch form reads itself (None: unknown, e.g. a function of the message)."""
+        return None
 
     def process(self, window: Any, state: Any, ctx: Context, msg: Any) -> Emitted:
         raise NotImplementedError
@@ -477,6 +477,9 @@ class CountWindowKind(_WindowKind):
 
     def batch_form(self, window: CountWindows) -> bool:
         return window.aggregator.add_frame is not None
+
+    def fields(self) -> tuple[str, ...]:
+        return ()  # a count window reads no field
 
     def process(self, window: CountWindows, state, ctx: Context, msg) -> Emitted:
         return window.process(state, ctx.key, ctx.seq, msg)

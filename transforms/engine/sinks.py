@@ -3,9 +3,9 @@ through Spark's Delta writer.
 
 `BatchWriter` is the foreachBatch function. It keeps the batch (persist), counts its rows by kind,
 writes the quarantine rows first (a bad message is never lost, even if a sink fails), then lets one
-writer per sink write its share (a direct plan, bronze, writes its one sink first in one pass and its
-rare quarantine rows after: a failed append stops the batch, whose replay writes both): the TCP sinks first (answers do not wait for the lake), then the
-Delta sinks in the plan's order. The executors turn the outputs into every
+writer per sink write its share: the TCP sinks first (answers do not wait for the lake), then the
+Delta sinks in the plan's order. A direct plan (bronze) makes one pass instead: its one sink's append,
+then its rare quarantine rows (a failed append stops the batch, whose replay writes both). The executors turn the outputs into every
 sink's rows in one Python pass (sink_rows.AllSinkRowsFn: each output unpickled once); a Delta sink's
 rows go to the lake (append, or MERGE of the last row per key), a TCP sink's encoded bytes to the
 driver, in order, and out through the sink's sender process. `WRITERS` maps each kind of sink of
@@ -69,10 +69,9 @@ QUARANTINE_SCHEMA = pa.schema(
         ("batch_id", pa.int64()),
     ]
 )
-# A direct plan's quarantine rows as observed (receive_time in epoch microseconds).
-_QUARANTINE_ROWS = pa.schema([("stream", pa.string()), ("seq", pa.int64()), ("receive_time", pa.int64()),
-                              ("connection", pa.string()), ("step", pa.string()), ("reason", pa.string()),
-                              ("payload", pa.binary())])
+# A direct plan's quarantine rows as observed: receive_time in epoch microseconds (QuarantineWriter casts it).
+_QUARANTINE_ROWS = pa.schema([pa.field(c, pa.int64()) if c == "receive_time" else QUARANTINE_SCHEMA.field(c)
+                              for c in QUARANTINE_COLUMNS])
 # What a writer did with a batch: wrote it, found it committed before (a replay), or had nothing for it.
 NEW, REPLAYED = "new", "replayed"
 
@@ -171,7 +170,6 @@ class BatchWriter:
         outcomes = [sink.counted(batch_id, n - len(q_rows), outcome)]
         if q_rows:  # after the sink: a failed append stops the batch, and its replay writes both
             q = pa.Table.from_pylist([r.asDict() for r in q_rows], schema=_QUARANTINE_ROWS)
-            q = q.set_column(2, "receive_time", q.column("receive_time").cast(pa.timestamp("us", tz="UTC")))
             outcomes.append(self.quarantine.write(q, batch_df.sparkSession, batch_id))
         received = self._received(seen["oldest"], seen.get("times")) if n else []
         return n, outcomes, received
@@ -396,7 +394,7 @@ class DeltaSinkWriter(SinkWriter):
             last = Window.partitionBy(*(_col(k) for k in sink.keys)).orderBy(F.desc(ORDER[0]), F.desc(ORDER[1]))
             rows = rows.withColumn("__last", F.row_number().over(last)).where("__last = 1").drop("__last", *ORDER)
             lake.merge_once(rows, self.root, list(sink.keys), self.app_id, batch_id, properties=sink.table_properties)
-        return self._done(batch_id, n, replay)
+        return self.counted(batch_id, n, replay)
 
     def write_direct(self, outs, batch_id: int) -> bool:
         """A direct plan's rows: the decoded columns (and the envelope's), cast to the sink's schema;
@@ -413,9 +411,7 @@ class DeltaSinkWriter(SinkWriter):
         return replay
 
     def counted(self, batch_id: int, n: int, replay: bool) -> str:
-        return self._done(batch_id, n, replay)
-
-    def _done(self, batch_id: int, n: int, replay: bool) -> str:
+        """NEW (its `n` rows counted) or REPLAYED, for a batch written or found written."""
         if replay:
             return REPLAYED
         self.done = batch_id
