@@ -341,22 +341,14 @@ def run_cold(w: Workload, impl: str, scratch: Path) -> tuple[float, object]:
     """One cold run of `impl` over the workload: (seconds, outputs as compared)."""
     scratch.mkdir(parents=True, exist_ok=True)
     log = scratch / f"{w.name}-{impl}.log"
-    if impl == "bytewax":
-        out = scratch / f"{w.name}-bytewax-out"
+    if impl != "eventide":  # a process writing output files: the same input in, the same files out
+        out = scratch / f"{w.name}-{impl}-out"
         shutil.rmtree(out, ignore_errors=True)
-        spec = f"{FLOWS_FILE}:{w.name}_flow({str(w.input)!r}, {str(out)!r})"
-        seconds = timed_process([sys.executable, "-m", "bytewax.run", spec], child_env(), log)
-        return seconds, read_file_outputs(w.name, out)
-    if impl == "pyspark":
-        out = scratch / f"{w.name}-pyspark-out"
-        shutil.rmtree(out, ignore_errors=True)
-        seconds = timed_process([sys.executable, "-m", "bench.peers_pyspark", str(w.input), str(out)], child_env(), log)
-        return seconds, read_file_outputs(w.name, out)
-    if impl == "loop":
-        out = scratch / f"{w.name}-loop-out"
-        shutil.rmtree(out, ignore_errors=True)
-        seconds = timed_process([sys.executable, "-m", "bench.peers", "--loop", w.name, str(w.input), str(out)],
-                                 child_env(), log)
+        inp, dst = str(w.input), str(out)
+        cmd = {"bytewax": ["-m", "bytewax.run", f"{FLOWS_FILE}:{w.name}_flow({inp!r}, {dst!r})"],
+               "pyspark": ["-m", "bench.peers_pyspark", inp, dst],
+               "loop": ["-m", "bench.peers", "--loop", w.name, inp, dst]}[impl]
+        seconds = timed_process([sys.executable, *cmd], child_env(), log)
         return seconds, read_file_outputs(w.name, out)
     home = fresh_home(w.home, scratch / f"{w.name}-eventide-home")
     seconds = timed_process([*eventide_cmd(), "run", "--app", APPS[w.name]], child_env(EVENTIDE_HOME=str(home)), log)
