@@ -48,6 +48,11 @@ class Settings:
     spark_shuffle_partitions: int = 2
     spark_ui: bool = False
     spark_driver_memory: str = "4g"  # local[*]: the driver's JVM also runs the executors' tasks
+    # Attempts per task on an embedded master (`local[N]` becomes `local[N,attempts]`), as a cluster
+    # retries a failed task (spark.task.maxFailures, 4 there); embedded Spark gives up on the first
+    # failure, and a Python worker's connection to its task's state server has timed out once under
+    # load. A master that names its own (`local[2,3]`) keeps them.
+    spark_task_attempts: int = 2
     # The driver JVM maps the classes an earlier start recorded (transforms/jvm_cache.py, ~/.cache/eventide).
     jvm_class_cache: bool = True
     # Extra options for the driver's JVM (EVENTIDE_SPARK_JAVA_OPTIONS), e.g. the tests' -XX:TieredStopAtLevel=1:
@@ -208,6 +213,9 @@ class Settings:
             raise ConfigError("EVENTIDE_MAX_FRAME_BYTES must be positive")
         if self.spark_shuffle_partitions <= 0:
             raise ConfigError("EVENTIDE_SPARK_SHUFFLE_PARTITIONS must be positive")
+        if self.spark_task_attempts < 1:
+            raise ConfigError(f"EVENTIDE_SPARK_TASK_ATTEMPTS={self.spark_task_attempts}: must be at least 1 "
+                              "(1 = a failed task fails its job at once)")
         if self.freshness_minutes and not self.freshness_minutes >= 1:
             raise ConfigError(f"EVENTIDE_FRESHNESS_MINUTES={self.freshness_minutes}: must be 0 (no freshness policy) "
                               "or at least 1 (Dagster's shortest freshness window)")

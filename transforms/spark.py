@@ -45,7 +45,8 @@ def get_spark(settings: Settings):
 
         local = settings.spark_master.startswith("local")
         builder = (
-            SparkSession.builder.appName("eventide").master(settings.spark_master)
+            SparkSession.builder.appName("eventide")
+            .master(with_task_attempts(settings.spark_master, settings.spark_task_attempts))
             .config("spark.ui.enabled", str(settings.spark_ui).lower())
             .config("spark.driver.memory", settings.spark_driver_memory)
             .config("spark.driver.maxResultSize", "0")  # the driver collects per batch only what is bounded
@@ -74,6 +75,16 @@ def get_spark(settings: Settings):
         if not local:
             ship_user_code(_session, settings)
         return _session
+
+
+_LOCAL_N = re.compile(r"local\[\s*([0-9]+|\*)\s*\]")
+
+
+def with_task_attempts(master: str, attempts: int) -> str:
+    """An embedded master with `attempts` tries per task (Spark's `local[N,F]`); other masters as given:
+    plain `local` (one thread, for debugging), `local[N,F]` and cluster URLs (their own maxFailures)."""
+    m = _LOCAL_N.fullmatch(master.strip())
+    return f"local[{m.group(1)},{attempts}]" if m and attempts > 1 else master
 
 
 def _driver_java_options(settings: Settings) -> list[str]:
