@@ -90,3 +90,18 @@ def test_whitespace_inside_the_timestamp_is_rejected_by_both_forms():
     line = SAMPLE[0].replace(b":49 -0800", b":4\t -0800")
     assert _one_line(line) is None
     _assert_same([line, SAMPLE[0].replace(b"07/Mar", b" 7/Mar")])
+
+
+# Pieces with the characters the column form splits on or that end a field (space, tab, quote, brackets).
+_PIECE = st.text(alphabet=' \t"[]-/:+09aZé', max_size=6)
+_TIME = st.sampled_from(["07/Mar/2004:16:05:49 -0800", "31/Dec/1999:23:59:59 +1430", "07/Mar/2004:16:05:49  -0800"]) | _PIECE
+_NUMBER = st.text(alphabet="0123456789- ", max_size=21)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(_PIECE | st.just("h"), _PIECE | st.just("-"), _PIECE | st.just("-"), _TIME,
+                          _PIECE | st.sampled_from(["GET / HTTP/1.0", "-", "GET /"]), _NUMBER, _NUMBER), max_size=20))
+def test_column_form_equals_one_line_form_on_lines_assembled_from_tricky_pieces(parts):
+    # The column form splits well-formed lines at spaces and by the timestamp's width: a field holding a
+    # space, a quote or a bracket must be refused or parsed exactly as the one-line form does.
+    _assert_same([f'{h} {i} {u} [{t}] "{r}" {s} {b}\n'.encode() for h, i, u, t, r, s, b in parts])
