@@ -127,12 +127,20 @@ def conform(data: pa.Table, schema: pa.Schema, sink: str) -> pa.Table:
     return pa.table(columns, schema=schema)
 
 
-def _outputs(batches: Iterator[pa.RecordBatch]) -> Outputs | None:
-    batches = list(batches)
-    table = pa.Table.from_batches(batches) if batches else None
-    if table is None or not table.num_rows:
-        return None
-    return Outputs(table.sort_by([("seq", "ascending"), ("part", "ascending")]))
+# Outputs turned into Python objects at a time: a task's partition can hold millions (word count's
+# 64 MB micro-batch made 11M words, and unpickled at once a Python worker grew past 12 GB).
+CHUNK_ROWS = 65_536
+
+
+def _output_chunks(table: pa.Table, chunk_rows: int = CHUNK_ROWS) -> Iterator[Outputs]:
+    """The "out" envelopes of a task's envelopes in order (seq, part), as Outputs of at most
+    `chunk_rows` each: the order is the whole partition's, only the Python objects are per chunk."""
+    out = of_kind(table, table.column("kind"), "out")
+    if not out.num_rows:
+        return
+    out = out.sort_by([("seq", "ascending"), ("part", "ascending")])
+    for start in range(0, out.num_rows, chunk_rows):
+        yield Outputs(out.slice(start, chunk_rows))
 
 
 SINK_INDEX = "__eventide_sink"
@@ -154,8 +162,9 @@ class AllSinkRowsFn:
     and a row per quarantine envelope (QUARANTINE_INDEX, its QUARANTINE_COLUMNS). Every row carries its
     input's receive time (RECEIVE_TIME), for the batch's latencies."""
 
-    def __init__(self, sinks: list, indexes: list[int], schemas: dict[int, pa.Schema], envelope: pa.Schema):
-        self.sinks, self.indexes, self.schemas = sinks, indexes, schemas
+    def __init__(self, sinks: list, indexes: list[int], schemas: dict[int, pa.Schema], envelope: pa.Schema,
+                 chunk_rows: int = CHUNK_ROWS):
+        self.sinks, self.indexes, self.schemas, self.chunk_rows = sinks, indexes, schemas, chunk_rows
         self.quarantine = pa.schema([envelope.field(c) for c in QUARANTINE_COLUMNS])
         fields = [pa.field(SINK_INDEX, pa.int32()), pa.field(RECEIVE_TIME, envelope.field("receive_time").type)]
         fields += [pa.field(sink_column(QUARANTINE_INDEX, f.name), f.type) for f in self.quarantine]
@@ -199,13 +208,11 @@ class AllSinkRowsFn:
         if quarantined.num_rows:
             rows = quarantined.select(list(QUARANTINE_COLUMNS)).append_column(RECEIVE_TIME, quarantined.column("receive_time"))
             yield from self._marked(QUARANTINE_INDEX, rows).to_batches()
-        outputs = _outputs(iter(of_kind(table, kind, "out").to_batches()))
-        if outputs is None:
-            return
-        for sink, index in zip(self.sinks, self.indexes):
-            data = self.rows(sink, index, outputs)
-            if data is not None:
-                yield from self._marked(index, data).to_batches()
+        for outputs in _output_chunks(table, self.chunk_rows):  # each sink's rows stay in order
+            for sink, index in zip(self.sinks, self.indexes):
+                data = self.rows(sink, index, outputs)
+                if data is not None:
+                    yield from self._marked(index, data).to_batches()
 
 
 class InferSchemaFn:
@@ -214,20 +221,17 @@ class InferSchemaFn:
 
     OUTPUT = pa.schema([("sink", pa.int32()), ("schema", pa.binary())])
 
-    def __init__(self, sinks: list[DeltaSink], indexes: list[int]):
-        self.sinks, self.indexes = sinks, indexes
+    def __init__(self, sinks: list[DeltaSink], indexes: list[int], chunk_rows: int = CHUNK_ROWS):
+        self.sinks, self.indexes, self.chunk_rows = sinks, indexes, chunk_rows
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         batches = list(batches)
         if not batches:
             return
-        table = pa.Table.from_batches(batches)
-        outputs = _outputs(iter(of_kind(table, table.column("kind"), "out").to_batches()))
-        if outputs is None:
-            return
-        for sink, index in zip(self.sinks, self.indexes):
-            chosen, meta = outputs.for_sink(sink)
-            if chosen:
-                schema = inferred_schema(outputs_to_table(sink, chosen, meta))
-                yield pa.RecordBatch.from_pydict({"sink": [index], "schema": [schema.serialize().to_pybytes()]},
-                                                 schema=self.OUTPUT)
+        for outputs in _output_chunks(pa.Table.from_batches(batches), self.chunk_rows):  # a schema per chunk:
+            for sink, index in zip(self.sinks, self.indexes):  # the driver unifies them as it does the tasks'
+                chosen, meta = outputs.for_sink(sink)
+                if chosen:
+                    schema = inferred_schema(outputs_to_table(sink, chosen, meta))
+                    yield pa.RecordBatch.from_pydict({"sink": [index], "schema": [schema.serialize().to_pybytes()]},
+                                                     schema=self.OUTPUT)
