@@ -115,14 +115,21 @@ def _benchmarks(quick: bool) -> dict:
             bench_sessions(r, EVENTS, KEYS, steady=True,
                            save=RESULTS / f"sessions-{dt.date.today().isoformat()}.json")
 
+    def serve_logs(r):
+        from bench.serve_logs import bench_serve_logs
+
+        # 1M log lines over TCP into `eventide serve` until lag 0, against Bytewax's whole process on
+        # the same file (issue L's serve figure); full: about 3 minutes.
+        bench_serve_logs(r, lines=100_000 if quick else 1_000_000)
+
     return {"gateway": gateway, "bronze": bronze, "words": words, "market": market, "logs": logs,
             "latency": latency, "scale": scale, "peers": peers, "fixed": fixed, "kafka": kafka,
-            "sessions": sessions}
+            "sessions": sessions, "serve_logs": serve_logs}
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--only", help="comma-separated: gateway,bronze,words,market,logs,latency,scale,peers,fixed,kafka,sessions")
+    p.add_argument("--only", help="comma-separated: gateway,bronze,words,market,logs,latency,scale,peers,fixed,kafka,sessions,serve_logs")
     p.add_argument("--quick", action="store_true")
     args = p.parse_args(argv)
     benches = _benchmarks(args.quick)
