@@ -198,8 +198,7 @@ def decode_log_column(payloads: pa.Array, marker: str) -> pa.Table:
     request_ok = pc.or_(dash_request, req.is_valid())
     # Up to 18 digits always fit int64; a longer byte count goes to the one-line form, which decides.
     size_fits = pc.less_equal(pc.utf8_length(size), 18)
-    ok_line = pc.and_(pc.and_(pc.and_(well_formed, request_ok), local.is_valid()), size_fits)
-    ok_line = pc.fill_null(ok_line, False)
+    ok_line = pc.and_(pc.and_(pc.and_(well_formed, request_ok), local.is_valid()), size_fits)  # never null
     is_line = pc.and_(pc.invert(is_marker), ok_line)
 
     def on_lines(arr: pa.Array) -> pa.Array:
