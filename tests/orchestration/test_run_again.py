@@ -129,13 +129,15 @@ def _tick_ids(settings) -> dict[str, set]:
 
 
 def _wait_for(settings, daemon: Daemon, done, other: dict[str, set], timeout: float = 180) -> dict[str, list]:
-    """Poll the instance until `done(ticks by sensor, run records)`; returns the ticks, without those
-    whose ids are in `other`."""
+    """Poll the instance until `done(ticks by sensor, run records)`; returns the finished ticks, without
+    those whose ids are in `other`. A tick still in progress (STARTED) is left out: it has no outcome yet
+    to judge (a clean clone's CI once read one mid-evaluation)."""
     names = _sensor_names(settings)
     deadline = time.monotonic() + timeout
     while True:
         with dg.DagsterInstance.from_config(str(settings.dagster_home)) as instance:
-            ticks = {n: [t for t in _ticks(instance, n) if t.tick_id not in other[n]] for n in names}
+            ticks = {n: [t for t in _ticks(instance, n) if t.tick_id not in other[n] and t.status != TickStatus.STARTED]
+                     for n in names}
             runs = instance.get_run_records()
         if done(ticks, runs):
             return ticks
