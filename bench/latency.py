@@ -272,6 +272,7 @@ class Run:
     probes: set[str] = field(default_factory=set)  # probe order ids sent (all rejected)
     burst_ids: set[str] = field(default_factory=set)  # idle bursts' order ids (all rejected)
     phase_stats: dict[str, dict] = field(default_factory=dict)
+    primed_bursts: dict | None = None  # idle_bursts on the just-primed service, before the phases
 
     def first_answers(self) -> dict[str, float]:
         """order id -> arrival of its first answer."""
@@ -342,16 +343,18 @@ def wait_for(need: set[str], listener: Listener, timeout: float) -> bool:
     return not missing
 
 
-def idle_bursts(workload: Workload, orders_port: int, listener: Listener, run: Run, n: int, say) -> dict:
+def idle_bursts(workload: Workload, orders_port: int, listener: Listener, run: Run, n: int, say,
+                prefix: str = "B", when: str = "after the rate phases") -> dict:
     """The issue's acceptance, measured rather than asserted: on the primed service, idle, 20 orders in
     one send (one for each of the 15 symbols the sample leaves rejecting, 5 for unknown symbols), and
-    the time from the send until the last of their 20 OrderResults arrives; `n` bursts, BURST_GAP_S apart."""
+    the time from the send until the last of their 20 OrderResults arrives; `n` bursts, BURST_GAP_S apart.
+    `prefix` starts the bursts' order ids: one letter, each call's own, not the probes' P nor a digit (phases)."""
     latest = []
     with _connect(orders_port) as sock:
         for b in range(n):
             time.sleep(BURST_GAP_S)
             symbols = workload.reject_syms + workload.unknown[:5]
-            ids = [f"B{b:02d}{i:03d}" for i in range(len(symbols))]
+            ids = [f"{prefix}{b:02d}{i:03d}" for i in range(len(symbols))]
             frames = b"".join(_framed_order(oid, sym, workload.rng) for oid, sym in zip(ids, symbols))
             sent = time.time()
             sock.sendall(frames)
@@ -360,20 +363,25 @@ def idle_bursts(workload: Workload, orders_port: int, listener: Listener, run: R
                 raise TimeoutError(f"idle burst {b}: not every OrderResult arrived within 30 s")
             first = run.first_answers()
             latest.append(round(max(first[oid] for oid in ids) - sent, 3))
-    say(f"idle bursts of 20 orders: last OrderResult after {statistics.median(latest):.2f} s (median), "
+    say(f"idle bursts of 20 orders {when}: last OrderResult after {statistics.median(latest):.2f} s (median), "
         f"{max(latest):.2f} s (max) over {n}")
     return {"bursts": n, "orders_per_burst": 20, "last_result_s": latest, "median_s": statistics.median(latest),
             "max_s": max(latest), "within_2_s": sum(x <= 2.0 for x in latest)}
 
 
 def drive(workload: Workload, phases: list[Phase], ports: tuple[int, int], listener: Listener,
-          prime_timeout: float, drain_timeout: float, say, final_timeout: float | None = None) -> Run:
-    """Prime, then each phase in turn: send it, then wait (up to `drain_timeout`) for its answers; after the
-    last, wait up to `final_timeout` for every answer still owed."""
+          prime_timeout: float, drain_timeout: float, say, final_timeout: float | None = None,
+          primed_bursts: int = 0) -> Run:
+    """Prime, then (`primed_bursts`) the acceptance's idle bursts on the just-primed service, then each
+    phase in turn: send it, then wait (up to `drain_timeout`) for its answers; after the last, wait up
+    to `final_timeout` for every answer still owed."""
     run = Run(listener)
     with _connect(ports[0]) as m_sock, _connect(ports[1]) as o_sock:
         warm = prime(workload, m_sock, o_sock, listener, prime_timeout, run)
         say(f"primed, first answer after {warm:.1f} s")
+        if primed_bursts:
+            run.primed_bursts = idle_bursts(workload, ports[1], listener, run, primed_bursts, say, prefix="I",
+                                            when="on the just-primed service")
         for k, ph in enumerate(phases):
             i0 = len(listener.answers)
             timing = send_phase(ph, m_sock, o_sock, run)
@@ -571,7 +579,9 @@ def run_serve(workload: Workload, phases: list[Phase], say, drain_timeout: float
         out["startup_s"] = round(time.time() - started, 1)
         say(f"serve: {line}")
         run = drive(workload, phases, (pm, po), listener, prime_timeout=180, drain_timeout=drain_timeout, say=say,
-                    final_timeout=final_timeout)
+                    final_timeout=final_timeout, primed_bursts=bursts)
+        if run.primed_bursts:
+            out["primed_idle_bursts"] = run.primed_bursts
         out["caught_up_s"] = wait_caught_up(settings, timeout=final_timeout)
         say(f"serve: every query caught up {out['caught_up_s']} s after the answers")
         if bursts:
