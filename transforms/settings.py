@@ -53,6 +53,11 @@ class Settings:
     # failure, and a Python worker's connection to its task's state server has timed out once under
     # load. A master that names its own (`local[2,3]`) keeps them.
     spark_task_attempts: int = 2
+    # Python workers reach their executor's JVM (a stateful step's state server among them) over Unix
+    # domain sockets, not loopback TCP: a state server's TCP port, accepting the first connection with a
+    # backlog of 1 and no authentication, once took a foreign connection's bytes as requests (its thread
+    # died on an assertion and the task hung) and once let a worker's connect time out.
+    spark_unix_sockets: bool = True
     # The driver JVM maps the classes an earlier start recorded (transforms/jvm_cache.py, ~/.cache/eventide).
     jvm_class_cache: bool = True
     # Extra options for the driver's JVM (EVENTIDE_SPARK_JAVA_OPTIONS), e.g. the tests' -XX:TieredStopAtLevel=1:

@@ -63,6 +63,7 @@ def get_spark(settings: Settings):
             # The JVM waits this long for Python to connect to a result socket (collect, toPandas); the
             # default 15 s failed a batch on a machine loaded 5x over its cores.
             .config("spark.python.authenticate.socketTimeout", "120s")
+            .config("spark.python.unix.domain.socket.enabled", str(settings.spark_unix_sockets).lower())
             # Each query's jobs in a pool of its own (sinks.BatchWriter): a big bronze batch shares the
             # cores with an app's small one instead of holding them until it is done (FIFO).
             .config("spark.scheduler.mode", "FAIR")

@@ -35,5 +35,6 @@ def _fails_on_first_attempt(batches):
 @pytest.mark.spark
 def test_a_task_that_fails_once_is_retried_and_counts_once(spark):
     assert spark.sparkContext.master == "local[2,2]"
+    assert spark.conf.get("spark.python.unix.domain.socket.enabled") == "true"  # settings.spark_unix_sockets
     df = spark.range(0, 1000, numPartitions=2).mapInArrow(_fails_on_first_attempt, "id long")
     assert sorted(r.id for r in df.collect()) == list(range(1000))
