@@ -54,9 +54,10 @@ class Settings:
     # load. A master that names its own (`local[2,3]`) keeps them.
     spark_task_attempts: int = 2
     # Python workers reach their executor's JVM (a stateful step's state server among them) over Unix
-    # domain sockets, not loopback TCP: a state server's TCP port, accepting the first connection with a
-    # backlog of 1 and no authentication, once took a foreign connection's bytes as requests (its thread
-    # died on an assertion and the task hung) and once let a worker's connect time out.
+    # domain sockets, not loopback TCP. A state server's TCP port takes the first connection, with a
+    # backlog of 1 and no authentication: once a worker's connect to one timed out, and once a server's
+    # thread died on a request that was not its protocol and the task hung (where those bytes came from
+    # was not found). A socket file is the worker's alone.
     spark_unix_sockets: bool = True
     # The driver JVM maps the classes an earlier start recorded (transforms/jvm_cache.py, ~/.cache/eventide).
     jvm_class_cache: bool = True

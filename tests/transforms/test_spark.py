@@ -1,4 +1,5 @@
-"""The session (transforms/spark.py): an embedded master retries a failed task, as a cluster does."""
+"""The session (transforms/spark.py): an embedded master retries a failed task, as a cluster does; Python
+workers reach the JVM over Unix domain sockets."""
 
 import pytest
 
@@ -35,6 +36,23 @@ def _fails_on_first_attempt(batches):
 @pytest.mark.spark
 def test_a_task_that_fails_once_is_retried_and_counts_once(spark):
     assert spark.sparkContext.master == "local[2,2]"
-    assert spark.conf.get("spark.python.unix.domain.socket.enabled") == "true"  # settings.spark_unix_sockets
     df = spark.range(0, 1000, numPartitions=2).mapInArrow(_fails_on_first_attempt, "id long")
     assert sorted(r.id for r in df.collect()) == list(range(1000))
+
+
+@pytest.mark.spark
+def test_python_workers_reach_the_jvm_over_unix_sockets(spark):
+    """settings.spark_unix_sockets: no loopback TCP port for a worker's state server or results. The
+    workers themselves are told so (pyspark's daemon reads PYTHON_UNIX_DOMAIN_ENABLED)."""
+    assert spark.conf.get("spark.python.unix.domain.socket.enabled") == "true"
+    (row,) = spark.range(1, numPartitions=1).mapInArrow(_worker_unix_sockets, "unix string").collect()
+    assert row.unix.lower() == "true"  # as pyspark.daemon reads it
+
+
+def _worker_unix_sockets(batches):
+    import os
+
+    import pyarrow as pa
+
+    for _ in batches:
+        yield pa.RecordBatch.from_pydict({"unix": [os.environ.get("PYTHON_UNIX_DOMAIN_ENABLED", "unset")]})

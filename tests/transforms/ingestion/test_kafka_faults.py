@@ -75,10 +75,13 @@ def test_serve_over_a_broker_stopped_and_started_again_then_a_kill_9_loses_and_d
     def total_words() -> int:
         return sum(r["count"] for r in lake.read(totals_table).to_pylist()) if lake.exists(totals_table) else 0
 
-    def wait_for_rows(n: int, timeout: float) -> None:
+    def wait_until(count, n: int, timeout: float) -> None:
         deadline = time.monotonic() + timeout
-        while rows() < n and time.monotonic() < deadline:
+        while count() < n and time.monotonic() < deadline:
             time.sleep(0.5)
+
+    def wait_for_rows(n: int, timeout: float) -> None:
+        wait_until(rows, n, timeout)
         assert rows() == n, service.output
 
     service = Service(env, tmp_path, argv=[EVENTIDE, "serve"])
@@ -99,9 +102,7 @@ def test_serve_over_a_broker_stopped_and_started_again_then_a_kill_9_loses_and_d
         # The words query may trail bronze (after the restart both queries met Spark's failure on a
         # kill -9'd Kafka checkpoint once and restarted): wait for its totals to cover every word, then
         # a batch more (a doubled word would show below; a lost one leaves this wait to time out).
-        deadline = time.monotonic() + 120
-        while total_words() < 5 * sum(expected.values()) and time.monotonic() < deadline:
-            time.sleep(0.5)
+        wait_until(total_words, 5 * sum(expected.values()), 120)
         time.sleep(3)
         assert service.stop(signal.SIGTERM) == 0
     finally:
