@@ -1,1 +1,1 @@
-"""Eventide's engine and application API. Pure Python + Spark + delta-rs; never imports Dagster."""
+"""Eventide's engine and application API. Pure Python + Spark + Delta Lake (delta-spark); never imports Dagster."""

@@ -59,6 +59,9 @@ class Settings:
     # thread died on a request that was not its protocol and the task hung (where those bytes came from
     # was not found). A socket file is the worker's alone.
     spark_unix_sockets: bool = True
+    # An embedded session's Python workers start without Spark's zips and jar on their path
+    # (transforms/python_daemon.py): re-reading them cost every Python task 0.10 s.
+    spark_lean_worker_path: bool = True
     # The driver JVM maps the classes an earlier start recorded (transforms/jvm_cache.py, ~/.cache/eventide).
     jvm_class_cache: bool = True
     # Extra options for the driver's JVM (EVENTIDE_SPARK_JAVA_OPTIONS), e.g. the tests' -XX:TieredStopAtLevel=1:

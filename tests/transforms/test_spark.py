@@ -1,8 +1,12 @@
 """The session (transforms/spark.py): an embedded master retries a failed task, as a cluster does; Python
-workers reach the JVM over Unix domain sockets."""
+workers reach the JVM over Unix domain sockets and start with a lean path."""
 
+from pathlib import Path
+
+import pyspark
 import pytest
 
+from transforms.python_daemon import lean_path
 from transforms.settings import ConfigError, Settings
 from transforms.spark import with_task_attempts
 
@@ -47,6 +51,47 @@ def test_python_workers_reach_the_jvm_over_unix_sockets(spark):
     assert spark.conf.get("spark.python.unix.domain.socket.enabled") == "true"
     (row,) = spark.range(1, numPartitions=1).mapInArrow(_worker_unix_sockets, "unix string").collect()
     assert row.unix.lower() == "true"  # as pyspark.daemon reads it
+
+
+@pytest.mark.spark
+def test_python_workers_start_without_spark_zips_on_their_path(spark):
+    """settings.spark_lean_worker_path: Spark puts pyspark.zip, py4j's zip and spark-core's jar on the
+    workers' path, and each task's importlib.invalidate_caches() re-read their directories (0.10 s a task
+    on Python 3.11). The workers import the same pip-installed pyspark without them."""
+    assert spark.conf.get("spark.python.daemon.module") == "transforms.python_daemon"
+    (row,) = spark.range(1, numPartitions=1).mapInArrow(_worker_imports, "path string, zips string, pyspark string").collect()
+    path = row.path.split("\n")
+    assert not [p for p in path if p.endswith((".zip", ".jar")) and "pyspark" in p], path
+    assert row.zips == "", row.zips  # no zip importer left for invalidate_caches to re-read
+    assert row.pyspark.startswith(str(Path(pyspark.__file__).parent)), row.pyspark  # the driver's pyspark
+
+
+def _worker_imports(batches):
+    import sys
+    import zipimport
+
+    import pyarrow as pa
+    import pyspark
+
+    zips = [k for k, v in sys.path_importer_cache.items() if isinstance(v, zipimport.zipimporter)]
+    for _ in batches:
+        yield pa.RecordBatch.from_pydict({"path": ["\n".join(sys.path)], "zips": ["\n".join(zips)],
+                                          "pyspark": [pyspark.__file__]})
+
+
+def test_lean_path_drops_the_zips_only_when_the_same_pyspark_imports_without_them(tmp_path):
+    site = tmp_path / "site-packages"
+    lib = site / "pyspark" / "python" / "lib"
+    lib.mkdir(parents=True)
+    (site / "pyspark" / "__init__.py").write_text("")
+    zips = [str(lib / "pyspark.zip"), str(lib / "py4j-0.10.9.9-src.zip")]
+    jar = str(site / "pyspark" / "jars" / "spark-core_2.13-4.1.4.jar")
+    other = str(tmp_path / "user.zip")  # a user's own zip stays
+    path = [*zips, jar, other, str(site)]
+    assert lean_path(path) == [*zips, other, str(site)]  # no py4j outside the zips: they stay
+    (site / "py4j").mkdir()
+    (site / "py4j" / "__init__.py").write_text("")
+    assert lean_path(path) == [other, str(site)]
 
 
 def _worker_unix_sockets(batches):
