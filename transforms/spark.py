@@ -71,7 +71,8 @@ def get_spark(settings: Settings):
         builder = configure(builder)  # Delta Lake (delta-spark): the lake's reads and writes
         if local:  # embedded: loopback only; a cluster's executors must reach the driver (SPARK_LOCAL_IP)
             builder = builder.config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.host", "127.0.0.1")
-            if settings.spark_lean_worker_path:
+            if settings.spark_lean_worker_path and os.environ.get("PYSPARK_PYTHON") == sys.executable:
+                # Only with this interpreter: another one may not have Eventide installed to start it.
                 builder = builder.config("spark.python.daemon.module", "transforms.python_daemon")
         _session = _start_with_log(builder, settings)
         _session.sparkContext.setLogLevel("ERROR")
