@@ -1,1 +1,2 @@
-"""Eventide's engine and application API. Pure Python + Spark + Delta Lake (delta-spark); never imports Dagster."""
+"""Eventide's engine and application API. Pure Python + Spark + Delta Lake (delta-spark writes; delta-rs
+for JVM-free reads); never imports Dagster."""
