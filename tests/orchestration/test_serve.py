@@ -54,6 +54,10 @@ def _rows(home: Path, table: str) -> list[dict]:
     return lake.read(path).to_pylist() if lake.exists(path) else []
 
 
+def _count(home: Path, table: str) -> int:
+    return lake.count(Settings(home=home).table_path(table))  # 0 while the table does not exist
+
+
 def _wait_for(what, timeout: float, poll: float = 0.2):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -85,8 +89,8 @@ def test_serve_answers_orders_over_tcp_within_two_seconds_without_a_run(tmp_path
         sent: list[Order] = []
         took: list[float] = []
         for attempt in range(BURST_TRIES):
-            _wait_for(lambda n=len(sent): len(_rows(home, ORDER_REJECTIONS_TABLE)) >= n
-                      and len(_rows(home, "bronze_orders")) >= n and len(_rows(home, "bronze_market_data")) >= 350, 60)
+            _wait_for(lambda n=len(sent): _count(home, ORDER_REJECTIONS_TABLE) >= n and _count(home, "bronze_orders") >= n
+                      and _count(home, "bronze_market_data") >= 350, 60)
             time.sleep(0.5)
             orders = [Order(1, 7, f"R{attempt}{i:04d}", sym, 100.0, 42.5, dt_now()) for i, sym in enumerate(FIFTEEN + UNKNOWN)]
             sent_at = time.time()

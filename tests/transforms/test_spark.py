@@ -49,8 +49,7 @@ def test_python_workers_reach_the_jvm_over_unix_sockets(spark):
     """settings.spark_unix_sockets: no loopback TCP port for a worker's state server or results. The
     workers themselves are told so (pyspark's daemon reads PYTHON_UNIX_DOMAIN_ENABLED)."""
     assert spark.conf.get("spark.python.unix.domain.socket.enabled") == "true"
-    (row,) = spark.range(1, numPartitions=1).mapInArrow(_worker_unix_sockets, "unix string").collect()
-    assert row.unix.lower() == "true"  # as pyspark.daemon reads it
+    assert _ask_a_worker(spark).unix.lower() == "true"  # as pyspark.daemon reads it
 
 
 @pytest.mark.spark
@@ -59,14 +58,22 @@ def test_python_workers_start_without_spark_zips_on_their_path(spark):
     workers' path, and each task's importlib.invalidate_caches() re-read their directories (0.10 s a task
     on Python 3.11). The workers import the same pip-installed pyspark without them."""
     assert spark.conf.get("spark.python.daemon.module") == "transforms.python_daemon"
-    (row,) = spark.range(1, numPartitions=1).mapInArrow(_worker_imports, "path string, zips string, pyspark string").collect()
+    row = _ask_a_worker(spark)
     path = row.path.split("\n")
     assert not [p for p in path if p.endswith((".zip", ".jar")) and "pyspark" in p], path
     assert row.zips == "", row.zips  # no zip importer left for invalidate_caches to re-read
     assert row.pyspark.startswith(str(Path(pyspark.__file__).parent)), row.pyspark  # the driver's pyspark
 
 
-def _worker_imports(batches):
+def _ask_a_worker(spark):
+    """What a real Python worker sees: its socket setting, path, zip importers, and pyspark's file."""
+    (row,) = spark.range(1, numPartitions=1).mapInArrow(
+        _worker_facts, "unix string, path string, zips string, pyspark string").collect()
+    return row
+
+
+def _worker_facts(batches):
+    import os
     import sys
     import zipimport
 
@@ -75,7 +82,8 @@ def _worker_imports(batches):
 
     zips = [k for k, v in sys.path_importer_cache.items() if isinstance(v, zipimport.zipimporter)]
     for _ in batches:
-        yield pa.RecordBatch.from_pydict({"path": ["\n".join(sys.path)], "zips": ["\n".join(zips)],
+        yield pa.RecordBatch.from_pydict({"unix": [os.environ.get("PYTHON_UNIX_DOMAIN_ENABLED", "unset")],
+                                          "path": ["\n".join(sys.path)], "zips": ["\n".join(zips)],
                                           "pyspark": [pyspark.__file__]})
 
 
@@ -92,12 +100,3 @@ def test_lean_path_drops_the_zips_only_when_the_same_pyspark_imports_without_the
     (site / "py4j").mkdir()
     (site / "py4j" / "__init__.py").write_text("")
     assert lean_path(path) == [other, str(site)]
-
-
-def _worker_unix_sockets(batches):
-    import os
-
-    import pyarrow as pa
-
-    for _ in batches:
-        yield pa.RecordBatch.from_pydict({"unix": [os.environ.get("PYTHON_UNIX_DOMAIN_ENABLED", "unset")]})
