@@ -107,6 +107,13 @@ class Settings:
     max_bytes_per_trigger: int = 64 << 20
     # Closed segments per micro-batch instead, if set (tests use it to cut a run into batches).
     max_files_per_trigger: int = 0
+    # Landed messages per micro-batch of a query whose messages travel as Python objects (envelope
+    # mode). Segments are compressed Parquet, so 64 MB can be millions of messages (repetitive text: 6
+    # bytes a line), each of them Python objects, more if a step fans out (word count: 24 words a
+    # line): a 2M-line word count in one batch grew Python workers past 10 GB, and 500k lines (12M
+    # words, 24M sink rows) overran the driver's 4 GB heap reading a cached block back. Turned into a
+    # bound in bytes from the log's own bytes per message. 0 = no bound.
+    max_messages_per_trigger: int = 200_000
     # `eventide serve`: seconds between the micro-batches of each running query (a query with timers
     # runs a batch every trigger even when idle, so it uses at least 1 s).
     trigger_interval: float = 0.25
@@ -216,8 +223,9 @@ class Settings:
                 f"EVENTIDE_LENGTH_FMT={self.length_fmt!r} is {size} bytes but EVENTIDE_HEADER_LENGTH is "
                 f"{self.header_length}"
             )
-        if self.max_bytes_per_trigger < 0 or self.max_files_per_trigger < 0:
-            raise ConfigError("EVENTIDE_MAX_BYTES_PER_TRIGGER and EVENTIDE_MAX_FILES_PER_TRIGGER must be 0 (no bound) or positive")
+        if self.max_bytes_per_trigger < 0 or self.max_files_per_trigger < 0 or self.max_messages_per_trigger < 0:
+            raise ConfigError("EVENTIDE_MAX_BYTES_PER_TRIGGER, EVENTIDE_MAX_FILES_PER_TRIGGER and "
+                              "EVENTIDE_MAX_MESSAGES_PER_TRIGGER must be 0 (no bound) or positive")
         if self.max_frame_bytes <= 0:
             raise ConfigError("EVENTIDE_MAX_FRAME_BYTES must be positive")
         if self.spark_shuffle_partitions <= 0:

@@ -72,6 +72,13 @@ class QueryPlan:
     level: int = 0
 
     @property
+    def messages_as_objects(self) -> bool:
+        """Whether its messages travel as Python objects (envelope mode): a message then costs a stage
+        far more memory than a column's value, so a micro-batch is bounded by messages too
+        (landing.bytes_per_trigger)."""
+        return self.mode is QueryMode.ENVELOPE
+
+    @property
     def stage_schema(self) -> pa.Schema:
         """What the pre stage emits: the envelope, plus the decoded columns in direct/columnar mode."""
         if self.mode is QueryMode.ENVELOPE:

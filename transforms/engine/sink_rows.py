@@ -134,13 +134,17 @@ CHUNK_ROWS = 65_536
 
 def _output_chunks(table: pa.Table, chunk_rows: int = CHUNK_ROWS) -> Iterator[Outputs]:
     """The "out" envelopes of a task's envelopes in order (seq, part), as Outputs of at most
-    `chunk_rows` each: the order is the whole partition's, only the Python objects are per chunk."""
-    out = of_kind(table, table.column("kind"), "out")
-    if not out.num_rows:
+    `chunk_rows` each: the order is the whole partition's, only the Python objects are per chunk.
+    The order is kept as row numbers and each chunk taken from the task's table: a filtered and a
+    sorted copy of the whole table (word count: 24M outputs a task) tripled a worker's memory."""
+    rows = pc.indices_nonzero(pc.fill_null(pc.equal(table.column("kind"), "out"), False))
+    if not len(rows):
         return
-    out = out.sort_by([("seq", "ascending"), ("part", "ascending")])
-    for start in range(0, out.num_rows, chunk_rows):
-        yield Outputs(out.slice(start, chunk_rows))
+    keys = pa.table({"seq": table.column("seq").take(rows), "part": table.column("part").take(rows)})
+    order = rows.take(pc.sort_indices(keys, sort_keys=[("seq", "ascending"), ("part", "ascending")]))  # stable
+    del keys
+    for start in range(0, len(order), chunk_rows):
+        yield Outputs(table.take(order.slice(start, chunk_rows)))
 
 
 SINK_INDEX = "__eventide_sink"

@@ -97,6 +97,17 @@ def _col(name: str):
     return F.col("`" + name.replace("`", "``") + "`")
 
 
+def last_per_key(rows, keys):
+    """Each key's last row (highest ORDER), without the ORDER columns: a hash aggregate (max_by) that
+    keeps one row per key, where a window sorted every row (word count: 12M rows of 217 keys a batch)."""
+    from pyspark.sql import functions as F
+
+    kept = [c for c in rows.columns if c not in ORDER]
+    last = F.max_by(F.struct(*(_col(c) for c in kept)), F.struct(_col(ORDER[0]), _col(ORDER[1])))
+    return rows.groupBy(*(_col(k) for k in keys)).agg(last.alias("__last")).select(
+        *(F.col("__last").getField(c).alias(c) for c in kept))
+
+
 class BatchWriter:
     """One query's foreachBatch function; `close()` when the query ends. `on_batch`, if given, hears
     about every batch after its writes (called on the query's thread: keep it quick); with
@@ -388,12 +399,8 @@ class DeltaSinkWriter(SinkWriter):
             lake.append_once(_few_files(rows, n), self.root, self.app_id, batch_id, sink.partition_by,
                              sink.table_properties)
         else:
-            from pyspark.sql import Window
-            from pyspark.sql import functions as F
-
-            last = Window.partitionBy(*(_col(k) for k in sink.keys)).orderBy(F.desc(ORDER[0]), F.desc(ORDER[1]))
-            rows = rows.withColumn("__last", F.row_number().over(last)).where("__last = 1").drop("__last", *ORDER)
-            lake.merge_once(rows, self.root, list(sink.keys), self.app_id, batch_id, properties=sink.table_properties)
+            lake.merge_once(last_per_key(rows, sink.keys), self.root, list(sink.keys), self.app_id, batch_id,
+                            properties=sink.table_properties)
         return self.counted(batch_id, n, replay)
 
     def write_direct(self, outs, batch_id: int) -> bool:

@@ -419,6 +419,32 @@ def payloads_for(settings: Settings, group: str, seqs: list[int]) -> dict[int, b
     return found
 
 
+def bytes_per_trigger(settings: Settings, group: str, messages_as_objects: bool) -> int:
+    """Spark's maxBytesPerTrigger for a query of this log (0: no bound). Spark's file source bounds a
+    batch by file bytes only; a query whose messages become Python objects is also bounded by
+    `max_messages_per_trigger`, turned into bytes with the log's own bytes per message (its segments'
+    sizes over the sequence numbers their names span), since a segment's compression makes bytes say
+    little about messages."""
+    bound = settings.max_bytes_per_trigger
+    if not (messages_as_objects and settings.max_messages_per_trigger):
+        return bound
+    segments = list_segments(settings, group, archived=False) or list_segments(settings, group)
+    spans = [parse_segment_name(p.name) for p in segments]
+    messages = sum(last - first + 1 for first, last in spans)
+    if not messages:  # nothing landed yet: no measure (serve's own segments are small anyway)
+        return bound
+    size = sum(_size(p) for p in segments)
+    by_messages = max(1, int(settings.max_messages_per_trigger * size / messages))
+    return min(bound, by_messages) if bound else by_messages
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:  # archived meanwhile (serve's upkeep): a rough measure is enough
+        return 0
+
+
 # -- the landing as the log (log.py) ---------------------------------------------------------------------
 class LandingLog(Log):
     """The embedded landing folder as the log every query reads (its checkpoint: Spark's file source)."""
@@ -435,10 +461,11 @@ class LandingLog(Log):
         settings = self.settings
         (settings.landing / plan.group).mkdir(parents=True, exist_ok=True)
         reader = spark.readStream.schema(LANDING_DDL)
+        max_bytes = bytes_per_trigger(settings, plan.group, plan.messages_as_objects)
         if settings.max_files_per_trigger:
             reader = reader.option("maxFilesPerTrigger", settings.max_files_per_trigger)
-        elif settings.max_bytes_per_trigger:
-            reader = reader.option("maxBytesPerTrigger", settings.max_bytes_per_trigger)
+        elif max_bytes:
+            reader = reader.option("maxBytesPerTrigger", max_bytes)
         return reader.option("basePath", str(settings.home.absolute())).parquet(landing_path(plan, settings))
 
     def is_source(self, description: str) -> bool:

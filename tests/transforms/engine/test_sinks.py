@@ -287,3 +287,27 @@ def test_a_tcp_sender_waits_for_the_previous_one_and_gives_up_when_its_query_goe
     writer.close()
     assert receiver.all_bytes() == b"a\n"
     assert "waiting for the previous sender (pid 4242) to finish its batch" in capsys.readouterr().err
+
+
+@pytest.mark.spark
+def test_an_upserts_last_row_per_key_is_the_one_of_the_highest_order(spark):
+    """`last_per_key` (a hash aggregate) against its definition: per key, the row of the highest
+    (seq, part); keys of two columns, a null key, a column name that needs quoting."""
+    import random
+
+    from transforms.engine.sink_rows import ORDER
+    from transforms.engine.sinks import last_per_key
+
+    rnd = random.Random(7)
+    rows = []
+    for seq in rnd.sample(range(100_000), 600):
+        for part in range(rnd.randint(1, 3)):
+            rows.append({"word": rnd.choice(["a", "b", "c", None]), "n`x": rnd.randint(0, 3),
+                         "count": rnd.randint(0, 10**9), ORDER[0]: seq, ORDER[1]: part})
+    want: dict = {}
+    for r in sorted(rows, key=lambda r: (r[ORDER[0]], r[ORDER[1]])):
+        want[(r["word"], r["n`x"])] = {k: v for k, v in r.items() if k not in ORDER}
+    got = last_per_key(spark.createDataFrame([tuple(r.values()) for r in rows], list(rows[0])), ["word", "n`x"])
+    assert got.columns == ["word", "n`x", "count"]
+    assert sorted(map(tuple, (r.asDict().values() for r in got.collect())), key=repr) == \
+        sorted((tuple(r.values()) for r in want.values()), key=repr)

@@ -327,3 +327,44 @@ def test_ingest_lands_a_file_in_whole_segments_without_journals(settings, tmp_pa
     assert [r["payload"] for r in landed] == [*lines, b"END_OF_DAY"]
     assert [r["seq"] for r in landed] == list(range(1, 5002))
     assert len(list_segments(small, "logs")) == 5 and not journals(small, "logs")  # ~48 kB in 10 kB segments
+
+
+def test_a_query_of_python_objects_is_bounded_by_messages_in_the_logs_own_bytes(tmp_path):
+    from transforms.ingestion.landing import bytes_per_trigger
+
+    # Repetitive text compresses to a few bytes a message: 64 MB of such segments would be millions.
+    settings = Settings(home=tmp_path / "home", segment_max_bytes=1 << 20, max_messages_per_trigger=10_000)
+    with Lander(settings) as lander:
+        lander.append_many("text", [b"the same words, again and again"] * 100_000, "c")
+    segments = list_segments(settings, "text")
+    size = sum(p.stat().st_size for p in segments)
+    assert size / 100_000 < 5  # the premise: bytes say little about messages here
+
+    bound = bytes_per_trigger(settings, "text", messages_as_objects=True)
+    assert bound == int(10_000 * size / 100_000)
+    # Columns (direct, columnar plans) stay bounded by bytes alone; 0 turns the messages' bound off.
+    assert bytes_per_trigger(settings, "text", messages_as_objects=False) == settings.max_bytes_per_trigger
+    off = Settings(home=settings.home, max_messages_per_trigger=0)
+    assert bytes_per_trigger(off, "text", messages_as_objects=True) == settings.max_bytes_per_trigger
+    # Nothing landed: no measure, the bytes' bound.
+    assert bytes_per_trigger(settings, "logs", messages_as_objects=True) == settings.max_bytes_per_trigger
+
+
+@pytest.mark.spark
+def test_word_count_bounded_by_messages_runs_in_several_batches_with_the_same_tables(spark):
+    from examples.words import word_count
+    from tests.transforms.test_write_paths import DATA, _canonical
+    from transforms.testing import run_app
+
+    lines = (DATA / "word_count" / "count_this.txt").read_text().splitlines() * 7  # 203 lines
+    small_segments = dict(segment_max_bytes=2_000, segment_max_seconds=3600.0, segment_quiet_seconds=0.0)
+    bounded, whole = (run_app(word_count, {"text": lines}, spark=spark,
+                              settings=Settings(max_messages_per_trigger=bound, **small_segments))
+                      for bound in (40, 0))
+    batches = {r.query: r.batches for r in bounded.reports}
+    assert batches["word_count"] >= 4, batches  # 203 lines, at most ~40 a batch
+    assert {r.query: r.batches for r in whole.reports}["word_count"] == 1
+    assert bounded.tables["word_totals"].num_rows > 100
+    for name in whole.tables:
+        assert _canonical(bounded.tables[name]) == _canonical(whole.tables[name]), name
+    assert sorted(bounded.tcp) == sorted(whole.tcp)
