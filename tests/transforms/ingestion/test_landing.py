@@ -368,3 +368,12 @@ def test_word_count_bounded_by_messages_runs_in_several_batches_with_the_same_ta
     for name in whole.tables:
         assert _canonical(bounded.tables[name]) == _canonical(whole.tables[name]), name
     assert sorted(bounded.tcp) == sorted(whole.tcp)
+
+
+def test_a_bad_bound_is_refused_naming_the_variable():
+    from transforms.settings import ConfigError
+
+    with pytest.raises(ConfigError, match="EVENTIDE_MAX_MESSAGES_PER_TRIGGER"):
+        Settings(max_messages_per_trigger=-1)
+    with pytest.raises(ConfigError, match="EVENTIDE_MAX_MESSAGES_PER_TRIGGER='many'"):
+        Settings.from_env({"EVENTIDE_MAX_MESSAGES_PER_TRIGGER": "many"})
