@@ -461,10 +461,9 @@ class LandingLog(Log):
         settings = self.settings
         (settings.landing / plan.group).mkdir(parents=True, exist_ok=True)
         reader = spark.readStream.schema(LANDING_DDL)
-        max_bytes = bytes_per_trigger(settings, plan.group, plan.messages_as_objects)
         if settings.max_files_per_trigger:
             reader = reader.option("maxFilesPerTrigger", settings.max_files_per_trigger)
-        elif max_bytes:
+        elif max_bytes := bytes_per_trigger(settings, plan.group, plan.messages_as_objects):
             reader = reader.option("maxBytesPerTrigger", max_bytes)
         return reader.option("basePath", str(settings.home.absolute())).parquet(landing_path(plan, settings))
 
