@@ -188,9 +188,13 @@ def _spark(settings: Settings):
     return get_spark(settings)
 
 
-def _table(settings: Settings, name: str):
-    """A Delta table as Spark reads it (a filter on `day` skips the files whose statistics rule it out)."""
-    return _spark(settings).read.format("delta").load(str(settings.table_path(name).absolute()))
+def _table(settings: Settings, name: str, version: int | None = None):
+    """A Delta table as Spark reads it (a filter on `day` skips the files whose statistics rule it out);
+    at `version` if given, else its latest."""
+    reader = _spark(settings).read.format("delta")
+    if version is not None:
+        reader = reader.option("versionAsOf", version)
+    return reader.load(str(settings.table_path(name).absolute()))
 
 
 def _in_days(days: list[dt.date]):
@@ -199,22 +203,44 @@ def _in_days(days: list[dt.date]):
     return F.col("day").isin(list(days))
 
 
-def _bronze_lines(settings: Settings, days: list[dt.date]):
+def _bronze_lines(settings: Settings, days: list[dt.date], version: int | None = None):
     from pyspark.sql import functions as F
 
-    return _table(settings, BRONZE_TABLE).where((F.col("kind") == "line") & _in_days(days))
+    return _table(settings, BRONZE_TABLE, version).where((F.col("kind") == "line") & _in_days(days))
+
+
+# Bronze's counts by (table, Delta version, days): a version never changes, so the summary's recompute
+# and its checks' (one run, the same bronze) share one Spark query over bronze instead of three.
+_BRONZE_COUNTS: dict[tuple, dict[dt.date, pa.Table]] = {}
+_BRONZE_COUNTS_KEPT = 8
+
+
+def _bronze_counts_key(settings: Settings, days: list[dt.date]) -> tuple | None:
+    path = settings.table_path(BRONZE_TABLE)
+    version = lake.version(path) if days else None
+    return None if version is None else (str(path.absolute()), version, tuple(days))
+
+
+def _remember(key: tuple, counts: dict[dt.date, pa.Table]) -> None:
+    while len(_BRONZE_COUNTS) >= _BRONZE_COUNTS_KEPT:
+        _BRONZE_COUNTS.pop(next(iter(_BRONZE_COUNTS)))
+    _BRONZE_COUNTS[key] = counts
 
 
 def bronze_counts(settings: Settings, days: list[dt.date]) -> dict[dt.date, pa.Table]:
     """The recompute, for several days in one Spark query: every decoded line of each day in bronze,
-    counted by status (an empty table for a day without lines)."""
+    counted by status (an empty table for a day without lines). Read at bronze's latest version, and
+    remembered for that version."""
     from pyspark.sql import functions as F
 
     days = [parse_day(d) for d in days]
-    if not days or not lake.exists(settings.table_path(BRONZE_TABLE)):
+    key = _bronze_counts_key(settings, days)
+    if key is None:
         return {d: SUMMARY_SCHEMA.empty_table() for d in days}
-    counted = _bronze_lines(settings, days).groupBy("day", "status").agg(F.count(F.lit(1)).alias("count"))
-    return _by_day(counted.toArrow(), days)
+    if key not in _BRONZE_COUNTS:
+        counted = _bronze_lines(settings, days, key[1]).groupBy("day", "status").agg(F.count(F.lit(1)).alias("count"))
+        _remember(key, _by_day(counted.toArrow(), days))
+    return dict(_BRONZE_COUNTS[key])
 
 
 def window_counts(settings: Settings, days: list[dt.date]) -> dict[dt.date, pa.Table]:
@@ -229,21 +255,35 @@ def window_counts(settings: Settings, days: list[dt.date]) -> dict[dt.date, pa.T
     return _by_day(summed.toArrow(), days)
 
 
+def counts_and_uncovered(settings: Settings, days: list[dt.date]) -> tuple[dict[dt.date, pa.Table], dict[dt.date, int]]:
+    """`bronze_counts` and, per day, the bronze lines whose sequence number lies in no closed window of
+    their source, in one Spark query over bronze (an existence join: a line in two windows' ranges
+    still counts once). The counts are remembered as `bronze_counts` remembers them."""
+    days = [parse_day(d) for d in days]
+    key = _bronze_counts_key(settings, days)
+    if key is None:
+        return {d: SUMMARY_SCHEMA.empty_table() for d in days}, dict.fromkeys(days, 0)
+    lines = _bronze_lines(settings, days, key[1])
+    if lake.exists(settings.table_path(WINDOWS_TABLE)):
+        covered = ("exists(select 1 from {w} as w where w.source = b.stream "
+                   "and b.seq between w.first_seq and w.last_seq)")
+        tables = {"b": lines, "w": _table(settings, WINDOWS_TABLE)}
+    else:
+        covered, tables = "false", {"b": lines}
+    rows = _spark(settings).sql(
+        f"select day, status, count(*) as count, count_if(not covered) as uncovered "
+        f"from (select day, status, {covered} as covered from {{b}} as b) group by day, status", **tables).toArrow()
+    uncovered = dict.fromkeys(days, 0)
+    for day, n in zip(rows.column("day").to_pylist(), rows.column("uncovered").to_pylist()):
+        uncovered[day] += n
+    _remember(key, _by_day(rows.drop_columns(["uncovered"]), days))
+    return dict(_BRONZE_COUNTS[key]), uncovered
+
+
 def uncovered_line_counts(settings: Settings, days: list[dt.date]) -> dict[dt.date, int]:
     """Per day, the bronze lines whose sequence number lies in no closed window of their source (one
     Spark query for all the days)."""
-    from pyspark.sql import functions as F
-
-    days = [parse_day(d) for d in days]
-    if not days or not lake.exists(settings.table_path(BRONZE_TABLE)):
-        return dict.fromkeys(days, 0)
-    lines = _bronze_lines(settings, days)
-    if lake.exists(settings.table_path(WINDOWS_TABLE)):
-        b, w = lines.alias("b"), _table(settings, WINDOWS_TABLE).alias("w")
-        covered = (F.col("b.stream") == F.col("w.source")) & F.col("b.seq").between(F.col("w.first_seq"), F.col("w.last_seq"))
-        lines = b.join(F.broadcast(w), covered, "left_anti")
-    counted = {r["day"]: r["n"] for r in lines.groupBy("day").agg(F.count(F.lit(1)).alias("n")).collect()}
-    return {d: counted.get(d, 0) for d in days}
+    return counts_and_uncovered(settings, days)[1]
 
 
 def uncovered_line_count(settings: Settings, day: str | dt.date) -> int:
@@ -256,11 +296,10 @@ def line_total(rows: pa.Table) -> int:
 
 
 def summarize_days(settings: Settings, days: list[str | dt.date], recompute: bool = False) -> list[DaySummary]:
-    """Each day's summary, as `summarize_day` decides it, for a whole range in three Spark queries
-    (bronze counts, window counts, uncovered lines) instead of three or four per day."""
+    """Each day's summary, as `summarize_day` decides it, for a whole range in two Spark queries
+    (bronze's counts with its uncovered lines, and the windows' counts) instead of three or four per day."""
     days = [parse_day(d) for d in days]
-    bronze = bronze_counts(settings, days)
-    uncovered = uncovered_line_counts(settings, days)
+    bronze, uncovered = counts_and_uncovered(settings, days)
     if recompute:
         return [DaySummary(d, bronze[d], FROM_BRONZE, "recompute requested (backfill)", line_total(bronze[d]), uncovered[d])
                 for d in days]

@@ -194,3 +194,44 @@ def test_one_concatenated_crlf_file_gives_the_same_summary(spark, settings, tmp_
     assert {s.source for s in summaries} == {FROM_WINDOWS}
     assert summary_rows(s.rows for s in summaries) == expected_summary()
     assert lake.count(settings.table_path("quarantine")) == 0
+
+
+@pytest.mark.spark
+def test_bronze_counts_and_uncovered_lines_in_one_query_equal_their_definitions(spark, settings):
+    """The summary's one query over bronze (counts by day and status, and lines in no closed window of
+    their source: an existence join) against the definitions computed here row by row: a line in two
+    overlapping windows counts once, another source's window covers nothing, a marker is no line. The
+    counts are remembered per bronze version: a new commit is read again."""
+    from examples.logs import BRONZE_TABLE, bronze_counts, counts_and_uncovered
+    from transforms import lake
+
+    d1, d2 = dt.date(2004, 3, 7), dt.date(2004, 3, 8)
+    lines = [("a", seq, "line", d1 if seq < 20 else d2, (200, 404, 500)[seq % 3]) for seq in range(30)]
+    lines += [("b", seq, "line", d1, 200) for seq in range(5)] + [("a", 30, "marker", None, None)]
+    bronze = "stream string, seq long, kind string, day date, status int"
+    windows = [("a", 0, 9, d1, 200, 1), ("a", 5, 14, d1, 200, 1),  # overlapping ranges
+               ("a", 25, 29, d2, 200, 1), ("c", 0, 100, d1, 200, 1)]  # c: no bronze lines
+    for rows, schema, table in ((lines, bronze, BRONZE_TABLE),
+                                (windows, "source string, first_seq long, last_seq long, day date, status int, "
+                                          "count long", WINDOWS_TABLE)):
+        spark.createDataFrame(rows, schema).write.format("delta").mode("overwrite").save(
+            str(settings.table_path(table).absolute()))
+
+    def covered(stream, seq):
+        return any(src == stream and lo <= seq <= hi for src, lo, hi, *_ in windows)
+
+    line_rows = [r for r in lines if r[2] == "line"]
+    want_counts = {d: sorted(Counter(st for _, _, _, day, st in line_rows if day == d).items()) for d in (d1, d2)}
+    want_uncovered = {d: sum(1 for s, q, _, day, _ in line_rows if day == d and not covered(s, q)) for d in (d1, d2)}
+    counts, uncovered = counts_and_uncovered(settings, [d1, d2])
+    assert uncovered == want_uncovered == {d1: 5 + 5, d2: 5}  # a: 15..19 and 20..24; b: all five
+    assert {d: sorted((r["status"], r["count"]) for r in t.to_pylist()) for d, t in counts.items()} == want_counts
+    assert bronze_counts(settings, [d1, d2]) == counts
+
+    version = lake.version(settings.table_path(BRONZE_TABLE))
+    spark.createDataFrame([("a", 31, "line", d2, 200)], bronze).write.format("delta").mode("append").save(
+        str(settings.table_path(BRONZE_TABLE).absolute()))
+    assert lake.version(settings.table_path(BRONZE_TABLE)) == version + 1
+    again = bronze_counts(settings, [d1, d2])
+    assert [(r["status"], r["count"]) for r in again[d2].to_pylist() if r["status"] == 200] == [
+        (200, dict(want_counts[d2])[200] + 1)]
