@@ -40,6 +40,7 @@ from transforms.ingestion.log import (
     grid,
     kafka_prefix,
     kafka_servers,
+    offsets_per_trigger,
 )
 from transforms.settings import ConfigError, Settings
 
@@ -51,7 +52,6 @@ _client_log.addHandler(logging.NullHandler())
 
 DELIVERY_TIMEOUT_SECONDS = 30.0  # a message not acknowledged by then fails (the broker is down for longer)
 CHECK_TIMEOUT_SECONDS = 5.0  # the broker must answer within this at the start of ingest, serve and run
-MAX_OFFSETS_PER_TRIGGER = 500_000  # a backlog is read in batches of at most this many messages
 _TOPIC_CHARS = re.compile(r"[^a-zA-Z0-9._-]")
 _HEADERS = ("stream", "connection", "landing_error")
 
@@ -232,7 +232,7 @@ class KafkaLog(Log):
                .option("startingOffsets", "earliest")
                .option("includeHeaders", "true")
                .option("failOnDataLoss", "true")
-               .option("maxOffsetsPerTrigger", MAX_OFFSETS_PER_TRIGGER)
+               .option("maxOffsetsPerTrigger", offsets_per_trigger(self.settings, plan.messages_as_objects))
                .load())
 
         def header(name: str):

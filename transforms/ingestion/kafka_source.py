@@ -23,10 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from transforms.api import KAFKA_PARTITION_SHIFT, KafkaTopic, kafka_position
-from transforms.ingestion.log import LogStatus, Progress, grid
+from transforms.ingestion.log import LogStatus, Progress, grid, offsets_per_trigger
 from transforms.settings import Settings
-
-MAX_OFFSETS_PER_TRIGGER = 500_000  # a backlog is read in batches of at most this many records
 
 
 def plan_log(settings: Settings, plan):
@@ -67,7 +65,7 @@ class KafkaTopicLog:
                .option("subscribe", self.origin.topic)
                .option("startingOffsets", self.origin.starting_offsets)
                .option("failOnDataLoss", "true")
-               .option("maxOffsetsPerTrigger", MAX_OFFSETS_PER_TRIGGER)
+               .option("maxOffsetsPerTrigger", offsets_per_trigger(self.settings, plan.messages_as_objects))
                .load())
         seq = F.shiftleft(F.col("partition").cast("long"), KAFKA_PARTITION_SHIFT) + F.col("offset") + 1
         return raw.select(F.lit(stream).alias("stream"), seq.alias("seq"), F.col("timestamp").alias("receive_time"),

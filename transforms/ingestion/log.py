@@ -121,6 +121,18 @@ class LogWriter(ABC):
         self.close()
 
 
+# Kafka's maxOffsetsPerTrigger: a backlog is read in batches of at most this many messages.
+MAX_OFFSETS_PER_TRIGGER = 500_000
+
+
+def offsets_per_trigger(settings: Settings, messages_as_objects: bool) -> int:
+    """A Kafka-read query's messages per micro-batch: MAX_OFFSETS_PER_TRIGGER, and for a query whose
+    messages travel as Python objects (envelope mode) no more than `max_messages_per_trigger` (0: no
+    such bound), the bound the landing log turns into bytes (landing.bytes_per_trigger)."""
+    bound = settings.max_messages_per_trigger
+    return min(MAX_OFFSETS_PER_TRIGGER, bound) if messages_as_objects and bound else MAX_OFFSETS_PER_TRIGGER
+
+
 class Log(ABC):
     kind: str
 

@@ -34,13 +34,17 @@ WORDS = DATA / "word_count" / "count_this.txt"
 N = len(WORDS.read_bytes().splitlines())  # its lines: one message each
 
 
-def _run_words(spark, settings: Settings) -> dict:
+def _run_words(spark, settings: Settings, batches: dict | None = None) -> dict:
+    """The word totals after a run of bronze and word count; `batches`, if given, gets each query's."""
     receiver = Receiver()
     try:
-        run_application(spark, bronze_application(settings.registry.streams["text"]), settings)
-        run_application(spark, word_count, settings, tcp_addresses={"word_count_tcp": f"127.0.0.1:{receiver.port}"})
+        reports = [*run_application(spark, bronze_application(settings.registry.streams["text"]), settings),
+                   *run_application(spark, word_count, settings,
+                                    tcp_addresses={"word_count_tcp": f"127.0.0.1:{receiver.port}"})]
     finally:
         receiver.close()
+    if batches is not None:
+        batches.update({r.query: r.batches for r in reports})
     totals = lake.read(settings.table_path("word_totals")).to_pylist()
     return {r["word"]: r["count"] for r in totals}
 
@@ -61,7 +65,9 @@ def test_ingest_into_kafka_then_run_gives_the_landing_logs_tables(spark, setting
     assert ingest_files(landing, "text", [WORDS], end_of_day=True) == N + 1
     expected = _run_words(spark, landing)
 
-    kafka = _kafka(settings, broker, monkeypatch)
+    # Word count's messages travel as Python objects: a backlog is read max_messages_per_trigger at a
+    # time from Kafka too (maxOffsetsPerTrigger), bronze's (columns) in one batch.
+    kafka = dataclasses.replace(_kafka(settings, broker, monkeypatch), max_messages_per_trigger=10)
     assert main(["ingest", "text", str(WORDS), "--end-of-day"]) == 0
     assert not kafka.landing.exists()  # nothing under the home's landing folder
     log = open_log(kafka)
@@ -69,7 +75,9 @@ def test_ingest_into_kafka_then_run_gives_the_landing_logs_tables(spark, setting
     plans = plan_queries(word_count, kafka)
     assert not any(nothing_new(p, kafka) for p in plans)
 
-    assert _run_words(spark, kafka) == expected
+    batches = {}
+    assert _run_words(spark, kafka, batches) == expected
+    assert batches == {"bronze_text": 1, "word_count": -(-(N + 1) // 10)}, batches
     bronze = lake.read(kafka.table_path("bronze_text"))
     assert bronze.num_rows == lake.read(landing.table_path("bronze_text")).num_rows == N + 1
     assert sorted(bronze.column("seq").to_pylist()) == list(range(1, N + 2))  # the offsets + 1, each once
