@@ -57,7 +57,7 @@ demo: setup
 
 test: setup $(CHROMIUM)
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest tests -n 3 --dist loadfile --no-loadscope-reorder -m 'not serial' --durations=25
+	$(PY) -m pytest tests -n 2 --dist loadfile --no-loadscope-reorder -m 'not serial' --durations=25
 	$(PY) -m pytest tests -m serial
 
 lint: setup

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import threading
 from collections import Counter
 from dataclasses import dataclass
 
@@ -213,6 +214,7 @@ def _bronze_lines(settings: Settings, days: list[dt.date], version: int | None =
 # and its checks' (one run, the same bronze) share one Spark query over bronze instead of three.
 _BRONZE_COUNTS: dict[tuple, dict[dt.date, pa.Table]] = {}
 _BRONZE_COUNTS_KEPT = 8
+_BRONZE_COUNTS_LOCK = threading.Lock()  # `eventide serve` runs its follow-ups on threads of its own
 
 
 def _bronze_counts_key(settings: Settings, days: list[dt.date]) -> tuple | None:
@@ -221,10 +223,18 @@ def _bronze_counts_key(settings: Settings, days: list[dt.date]) -> tuple | None:
     return None if version is None else (str(path.absolute()), version, tuple(days))
 
 
-def _remember(key: tuple, counts: dict[dt.date, pa.Table]) -> None:
-    while len(_BRONZE_COUNTS) >= _BRONZE_COUNTS_KEPT:
-        _BRONZE_COUNTS.pop(next(iter(_BRONZE_COUNTS)))
-    _BRONZE_COUNTS[key] = counts
+def _remember(key: tuple, counts: dict[dt.date, pa.Table]) -> dict[dt.date, pa.Table]:
+    with _BRONZE_COUNTS_LOCK:
+        while len(_BRONZE_COUNTS) >= _BRONZE_COUNTS_KEPT:
+            _BRONZE_COUNTS.pop(next(iter(_BRONZE_COUNTS)))
+        _BRONZE_COUNTS[key] = counts
+    return dict(counts)
+
+
+def _remembered(key: tuple) -> dict[dt.date, pa.Table] | None:
+    with _BRONZE_COUNTS_LOCK:
+        counts = _BRONZE_COUNTS.get(key)
+    return None if counts is None else dict(counts)
 
 
 def bronze_counts(settings: Settings, days: list[dt.date]) -> dict[dt.date, pa.Table]:
@@ -237,10 +247,11 @@ def bronze_counts(settings: Settings, days: list[dt.date]) -> dict[dt.date, pa.T
     key = _bronze_counts_key(settings, days)
     if key is None:
         return {d: SUMMARY_SCHEMA.empty_table() for d in days}
-    if key not in _BRONZE_COUNTS:
-        counted = _bronze_lines(settings, days, key[1]).groupBy("day", "status").agg(F.count(F.lit(1)).alias("count"))
-        _remember(key, _by_day(counted.toArrow(), days))
-    return dict(_BRONZE_COUNTS[key])
+    remembered = _remembered(key)
+    if remembered is not None:
+        return remembered
+    counted = _bronze_lines(settings, days, key[1]).groupBy("day", "status").agg(F.count(F.lit(1)).alias("count"))
+    return _remember(key, _by_day(counted.toArrow(), days))
 
 
 def window_counts(settings: Settings, days: list[dt.date]) -> dict[dt.date, pa.Table]:
@@ -276,8 +287,7 @@ def counts_and_uncovered(settings: Settings, days: list[dt.date]) -> tuple[dict[
     uncovered = dict.fromkeys(days, 0)
     for day, n in zip(rows.column("day").to_pylist(), rows.column("uncovered").to_pylist()):
         uncovered[day] += n
-    _remember(key, _by_day(rows.drop_columns(["uncovered"]), days))
-    return dict(_BRONZE_COUNTS[key]), uncovered
+    return _remember(key, _by_day(rows.drop_columns(["uncovered"]), days)), uncovered
 
 
 def uncovered_line_counts(settings: Settings, days: list[dt.date]) -> dict[dt.date, int]:
