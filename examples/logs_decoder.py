@@ -91,7 +91,10 @@ def parse_clf_time(text: str) -> tuple[dt.datetime, dt.date]:
         offset = dt.timedelta(hours=int(zone[1:3]), minutes=int(zone[3:5])) * sign
     except (ValueError, KeyError, IndexError):
         raise ValueError(bad) from None
-    utc = (local - offset).replace(tzinfo=dt.timezone.utc)
+    try:
+        utc = (local - offset).replace(tzinfo=dt.timezone.utc)
+    except OverflowError:  # 31/Dec/9999 23:59 -0800 is in year 10000 in UTC
+        raise ValueError(f"expected a timestamp whose UTC time is within the years 1-9999, got [{text}]") from None
     return utc, local.date()
 
 
@@ -162,6 +165,39 @@ def _null_if(arr: pa.Array, value: str) -> pa.Array:
     return pc.if_else(pc.equal(arr, value), pa.scalar(None, arr.type), arr)
 
 
+_MONTH_NAMES = pa.array(list(_MONTHS))
+# The instants `datetime` holds (years 1-9999), in microseconds since 1970.
+_FIRST_UTC_US, _LAST_UTC_US = -62_135_596_800_000_000, 253_402_300_799_999_999
+_DAYS_IN_MONTH = np.array([31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31])
+
+
+def _local_time(ts: pa.Array) -> pa.Array:
+    """The local time of `dd/Mon/yyyy:HH:MM:SS ...` stamps (digits where the line pattern says) as
+    timestamp[us], null where `datetime` refuses it as `parse_clf_time` does (an unknown month, 31/Apr,
+    29/Feb of a common year, year 0, hour 24, second 60). Integer arithmetic on the fields: Arrow's
+    strptime took 3x longer and accepted all of those, rolling them over into the next day or minute."""
+    import pyarrow.compute as pc
+
+    def number(start: int, stop: int) -> np.ndarray:
+        return pc.cast(pc.utf8_slice_codeunits(ts, start, stop), pa.int64()).to_numpy(zero_copy_only=False)
+
+    day, year, hour, minute, second = number(0, 2), number(7, 11), number(12, 14), number(15, 17), number(18, 20)
+    month_index = pc.index_in(pc.utf8_slice_codeunits(ts, 3, 6), value_set=_MONTH_NAMES)
+    known = month_index.is_valid().to_numpy(zero_copy_only=False)
+    month = pc.fill_null(month_index, 0).to_numpy(zero_copy_only=False).astype(np.int64) + 1
+    leap = ((year % 4 == 0) & (year % 100 != 0)) | (year % 400 == 0)
+    last_day = _DAYS_IN_MONTH[month - 1] + ((month == 2) & leap)
+    valid = known & (year >= 1) & (day >= 1) & (day <= last_day) & (hour <= 23) & (minute <= 59) & (second <= 59)
+    # Days since 1970-01-01 of a proleptic Gregorian date (H. Hinnant's days_from_civil).
+    y = year - (month <= 2)
+    era = y // 400
+    of_era = y - era * 400
+    of_year = (153 * np.where(month > 2, month - 3, month + 9) + 2) // 5 + day - 1
+    days = era * 146097 + of_era * 365 + of_era // 4 - of_era // 100 + of_year - 719468
+    micros = (days * 86_400 + hour * 3_600 + minute * 60 + second) * 1_000_000
+    return pa.array(micros, pa.timestamp("us"), mask=~valid)
+
+
 def decode_log_column(payloads: pa.Array, marker: str) -> pa.Table:
     """`decode_log_payload` for a column of payloads: LOG_SCHEMA columns plus `_error` (None when decoded).
 
@@ -186,7 +222,7 @@ def decode_log_column(payloads: pa.Array, marker: str) -> pa.Table:
     ts = pc.utf8_slice_codeunits(stamped, 1, 27)  # [dd/Mon/yyyy:HH:MM:SS +zzzz]: 26 characters
     request = pc.utf8_slice_codeunits(stamped, 30, -1)  # after '] "', up to the closing quote
     req = pc.extract_regex(request, _REQUEST)
-    local = pc.strptime(pc.utf8_slice_codeunits(ts, 0, 20), format="%d/%b/%Y:%H:%M:%S", unit="us", error_is_null=True)
+    local = _local_time(ts)
     zone = pc.utf8_slice_codeunits(ts, 21, 26)
     sign = pc.if_else(pc.equal(pc.utf8_slice_codeunits(zone, 0, 1), "-"), -1, 1)
     minutes = pc.add(
@@ -198,7 +234,8 @@ def decode_log_column(payloads: pa.Array, marker: str) -> pa.Table:
     request_ok = pc.or_(dash_request, req.is_valid())
     # Up to 18 digits always fit int64; a longer byte count goes to the one-line form, which decides.
     size_fits = pc.less_equal(pc.utf8_length(size), 18)
-    ok_line = pc.and_(pc.and_(pc.and_(well_formed, request_ok), local.is_valid()), size_fits)  # never null
+    in_years = pc.fill_null(pc.and_(pc.greater_equal(utc, _FIRST_UTC_US), pc.less_equal(utc, _LAST_UTC_US)), False)
+    ok_line = pc.and_(pc.and_(pc.and_(well_formed, request_ok), in_years), size_fits)  # never null
     is_line = pc.and_(pc.invert(is_marker), ok_line)
 
     def on_lines(arr: pa.Array) -> pa.Array:

@@ -21,6 +21,14 @@ EDGES = [
     b'1.2.3.4 - - [07/Mar/2004:16:05:49 -0800] "-" 408 -\n',
     b'1.2.3.4 - - [07/Mar/2004:16:05:49] "GET / HTTP/1.0" 200 5\n',
     b'1.2.3.4 - - [07/Mar/2004:16:05:49 -0800] "GET / HTTP/1.0" 2000 5\n',
+    # Dates and times `datetime` refuses, which a rolling parser would move to the next day or minute.
+    *(f'1.2.3.4 - - [{t} -0800] "GET / HTTP/1.0" 200 5\n'.encode() for t in (
+        "31/Apr/2004:16:05:49", "29/Feb/2003:16:05:49", "29/Feb/1900:00:00:00", "00/Mar/2004:16:05:49",
+        "07/Mar/0000:16:05:49", "07/Mar/2004:24:00:00", "07/Mar/2004:23:60:00", "07/Mar/2004:23:59:60",
+        "29/Feb/2004:23:59:59", "29/Feb/2000:00:00:00", "07/Mar/0001:00:00:00", "31/Dec/9999:13:59:59")),
+    # Local times whose UTC time is outside `datetime`'s years 1-9999: refused by both forms, in words.
+    b'1.2.3.4 - - [31/Dec/9999:23:59:59 -0800] "GET / HTTP/1.0" 200 5\n',
+    b'1.2.3.4 - - [01/Jan/0001:00:00:00 +0130] "GET / HTTP/1.0" 200 5\n',
 ]
 
 
@@ -94,7 +102,8 @@ def test_whitespace_inside_the_timestamp_is_rejected_by_both_forms():
 
 # Pieces with the characters the column form splits on or that end a field (space, tab, quote, brackets).
 _PIECE = st.text(alphabet=' \t"[]-/:+09aZé', max_size=6)
-_TIME = st.sampled_from(["07/Mar/2004:16:05:49 -0800", "31/Dec/1999:23:59:59 +1430", "07/Mar/2004:16:05:49  -0800"]) | _PIECE
+_TIME = st.sampled_from(["07/Mar/2004:16:05:49 -0800", "31/Dec/1999:23:59:59 +1430", "07/Mar/2004:16:05:49  -0800",
+                         "31/Apr/2004:16:05:49 -0800", "29/Feb/2003:16:05:49 +0000", "07/Mar/2004:23:59:60 +0000"]) | _PIECE
 _NUMBER = st.text(alphabet="0123456789- ", max_size=21)
 
 
