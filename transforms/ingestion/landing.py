@@ -27,7 +27,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from transforms.ingestion.log import LANDING_DDL, Log, LogStatus, LogWriter, Progress
+from transforms.ingestion.log import LANDING_DDL, Log, LogStatus, LogWriter, Progress, messages_per_trigger
 from transforms.settings import Settings
 
 __all__ = ["LANDING_DDL", "LANDING_SCHEMA", "Lander", "LandingBusy", "LandingLog"]
@@ -426,7 +426,8 @@ def bytes_per_trigger(settings: Settings, group: str, messages_as_objects: bool)
     sizes over the sequence numbers their names span), since a segment's compression makes bytes say
     little about messages."""
     bound = settings.max_bytes_per_trigger
-    if not (messages_as_objects and settings.max_messages_per_trigger):
+    max_messages = messages_per_trigger(settings, messages_as_objects)
+    if not max_messages:
         return bound
     segments = list_segments(settings, group, archived=False) or list_segments(settings, group)
     spans = [parse_segment_name(p.name) for p in segments]
@@ -434,7 +435,7 @@ def bytes_per_trigger(settings: Settings, group: str, messages_as_objects: bool)
     if not messages:  # nothing landed yet: no measure (serve's own segments are small anyway)
         return bound
     size = sum(_size(p) for p in segments)
-    by_messages = max(1, int(settings.max_messages_per_trigger * size / messages))
+    by_messages = max(1, int(max_messages * size / messages))
     return min(bound, by_messages) if bound else by_messages
 
 

@@ -125,12 +125,19 @@ class LogWriter(ABC):
 MAX_OFFSETS_PER_TRIGGER = 500_000
 
 
-def offsets_per_trigger(settings: Settings, messages_as_objects: bool) -> int:
-    """A Kafka-read query's messages per micro-batch: MAX_OFFSETS_PER_TRIGGER, and for a query whose
-    messages travel as Python objects (envelope mode) no more than `max_messages_per_trigger` (0: no
-    such bound), the bound the landing log turns into bytes (landing.bytes_per_trigger)."""
+def messages_per_trigger(settings: Settings, messages_as_objects: bool) -> int | None:
+    """The messages a micro-batch of a query may hold, or None for no such bound: a query whose messages
+    travel as Python objects (envelope mode) is bounded by `max_messages_per_trigger` (0: off). Each log
+    applies it in its own unit (landing.bytes_per_trigger, offsets_per_trigger)."""
     bound = settings.max_messages_per_trigger
-    return min(MAX_OFFSETS_PER_TRIGGER, bound) if messages_as_objects and bound else MAX_OFFSETS_PER_TRIGGER
+    return bound if messages_as_objects and bound else None
+
+
+def offsets_per_trigger(settings: Settings, messages_as_objects: bool) -> int:
+    """A Kafka-read query's messages per micro-batch: MAX_OFFSETS_PER_TRIGGER, or the message bound
+    (messages_per_trigger) if it is lower: Kafka counts offsets, one per message."""
+    bound = messages_per_trigger(settings, messages_as_objects)
+    return min(MAX_OFFSETS_PER_TRIGGER, bound) if bound else MAX_OFFSETS_PER_TRIGGER
 
 
 class Log(ABC):
