@@ -138,3 +138,24 @@ def latest_checkpoints(root: Path) -> list[Path]:
         if generations:
             out.append(max(generations)[1])
     return out
+
+
+# Spark's error class when a checkpoint's stateful operators are not the query's (state metadata).
+OPERATORS_CHANGED = "STREAMING_STATEFUL_OPERATOR_NOT_MATCH_IN_STATE_METADATA"
+
+
+def explain_checkpoint_error(error: BaseException | str, plan) -> str | None:
+    """What to do when Spark refuses a query's checkpoint because the app's stateful steps changed
+    under it (a level added, removed or reordered), else None. `plan` is the query's QueryPlan."""
+    if OPERATORS_CHANGED not in str(error):
+        return None
+    levels = 1 + len(plan.levels) if plan.keyed else 0
+    return (
+        f"the stateful steps of {plan.name!r} changed since its checkpoint (checkpoints/{plan.name}/v{plan.generation}) "
+        f"was started; the pipeline now has {levels} level(s) of keyed state, and Spark keeps each level's state in "
+        "an operator of its own, which an existing checkpoint cannot gain, lose or reorder. Restore the pipeline as "
+        f"it was, or start a new generation, Application({plan.app!r}, ..., generation={plan.generation + 1}): a fresh "
+        "checkpoint that processes the whole log again. Delta takes the new generation for a new writer, so give "
+        "its append sinks new tables (or remove the old ones first), else their rows are written twice"
+    )
+

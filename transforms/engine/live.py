@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from transforms.engine.checkpoints import explain_checkpoint_error
 from transforms.engine.locks import QueryLock, describe, holder_of
 from transforms.engine.plan import QueryPlan
 from transforms.engine.report import RunReport
@@ -75,7 +76,8 @@ class LiveQuery:
     def _failed(self, error) -> None:
         self.failures += 1
         wait = min(MAX_BACKOFF_SECONDS, 2.0 ** (self.failures - 1))
-        first_line = (explain_task_error(error) or str(error).strip().splitlines()[0]) if error else "stopped"
+        first_line = (explain_checkpoint_error(error, self.plan) or explain_task_error(error)
+                      or str(error).strip().splitlines()[0]) if error else "stopped"
         self.say(f"{self.name}: query failed ({first_line}); restarting in {wait:.0f} s (failure {self.failures})")
         self._close_writer()
         self.query = None

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 
 from transforms.api import Application
-from transforms.engine.checkpoints import batch_ids, clear_unplanned
+from transforms.engine.checkpoints import batch_ids, clear_unplanned, explain_checkpoint_error
 from transforms.engine.close_windows import (
     close_due,
     keep_close_records,
@@ -142,7 +142,7 @@ def _run_locked(spark, plan: QueryPlan, settings: Settings, addresses: dict, rep
             stop_after_no_data_batch(query, planned_before, plan_log(settings, plan))
         query.awaitTermination()
     except Exception as e:
-        hint = explain_task_error(e)
+        hint = explain_checkpoint_error(e, plan) or explain_task_error(e)
         if hint:
             raise RuntimeError(f"query {plan.name!r} stopped: {hint}") from e
         raise

@@ -29,10 +29,12 @@ from transforms.api import (
     source,
     state_computation,
 )
+from transforms.engine.checkpoints import explain_checkpoint_error
 from transforms.engine.envelope import ENVELOPE, QUARANTINE_KEY
 from transforms.engine.keyed_state import _run_key
 from transforms.engine.levels import make_rekey_stage, ranks_within
 from transforms.engine.plan import KEEP_KEY, QueryMode, TimeMode, plan_queries
+from transforms.engine.runner import run_application
 from transforms.engine.stages import make_pre_stage
 from transforms.registry import registry_of
 from transforms.settings import Settings
@@ -343,3 +345,30 @@ def test_sigkill_during_a_multi_level_run_and_rerun_give_each_window_once(settin
                                            event_time_level(sum_of_sums, 1000, last_ms, emit=total_row)])
     assert rows == sorted((r for _, _, r in expected), key=lambda r: (r["key"], r["start_ms"]))
     assert len(rows) == 3 * 8 and sum(r["events"] for r in rows) < len(payloads)  # the last second stays open
+
+
+@pytest.mark.spark
+def test_a_level_added_to_a_started_query_is_refused_saying_what_to_do(spark, settings):
+    one = Application("lv", source("r", decoder=reading).key_by("k").to(running).to_sink(DeltaSink("lv_out")))
+    two = Application("lv", source("r", decoder=reading).key_by("k").to(running).key_by(lambda m: "all").to(seen)
+                      .to_sink(DeltaSink("lv_out")))
+    settings = dataclasses.replace(settings, app_registry=registry_of([one]))
+    land(settings, "r", [f"a,{i},{i}".encode() for i in range(3)])
+    run_application(spark, one, settings)
+    before = lake.read(settings.table_path("lv_out")).to_pylist()
+    land(settings, "r", [b"a,9,9"])
+    with pytest.raises(RuntimeError) as refused:
+        run_application(spark, two, settings)
+    said = str(refused.value)
+    assert said.startswith("query 'lv' stopped: the stateful steps of 'lv' changed since its checkpoint"), said
+    assert "now has 2 level(s)" in said and "Application('lv', ..., generation=2)" in said, said
+    assert lake.read(settings.table_path("lv_out")).to_pylist() == before  # nothing written by the refused run
+    run_application(spark, one, settings)  # the pipeline as it was goes on from its checkpoint
+    assert sorted(r["n"] for r in lake.read(settings.table_path("lv_out")).to_pylist()) == [0, 1, 3, 12]
+
+
+def test_only_spark_refusing_the_checkpoints_operators_is_explained_so():
+    plan = _plans(Application("lv", source("r", decoder=reading).key_by("k").to(running).to_sink(DeltaSink("t"))))[0]
+    assert explain_checkpoint_error("[STREAMING_STATEFUL_OPERATOR_NOT_MATCH_IN_STATE_METADATA] ...", plan).startswith(
+        "the stateful steps of 'lv' changed since its checkpoint (checkpoints/lv/v1)")
+    assert explain_checkpoint_error("[STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY] ...", plan) is None
