@@ -67,6 +67,9 @@ def prune_jars(folder: Path) -> list[str]:
     return gone
 
 
+FILE_LISTING_TASKS = 8
+
+
 def delta_spark_conf() -> dict[str, str]:
     """The Spark settings under which a session reads and writes Eventide's Delta tables."""
     jars = jar_paths()
@@ -90,6 +93,9 @@ def delta_spark_conf() -> dict[str, str]:
         "spark.databricks.delta.properties.defaults.enableDeletionVectors": "false",
         # Vacuum may go below Delta's 168 h floor when EVENTIDE_VACUUM_HOURS says so.
         "spark.databricks.delta.retentionDurationCheck.enabled": "false",
+        # VACUUM lists a table's files in a Spark job of this many tasks (Spark's default: 10,000, one
+        # job of 10,001 tasks for any table): 24-31 s a small table on 2 cores, 2.6-3.8 s with 8.
+        "spark.sql.sources.parallelPartitionDiscovery.parallelism": str(FILE_LISTING_TASKS),
     }
 
 
