@@ -101,3 +101,24 @@ def test_vacuum_lists_a_table_in_a_few_tasks_not_ten_thousand(spark, tmp_path):
               for s in tracker.getJobInfo(j).stageIds]
     assert stages and max(s.numTasks for s in stages if s) <= FILE_LISTING_TASKS + 2, [s.numTasks for s in stages if s]
     assert lake.count(path) == 2 and lake.table_files(path).files == 1
+
+
+def test_upkeep_with_a_memory_leaves_a_table_without_a_new_commit_alone_for_a_while(spark, tmp_path):
+    from transforms.lake.upkeep import REVISIT_UNCHANGED_SECONDS
+
+    for name in ("a", "b"):
+        for i in range(2):
+            lake.append_once(_df(spark, n=[i]), tmp_path / name, "q", i)
+    last, clock = {}, [0.0]
+
+    def upkept() -> list[str]:
+        return [r.table for r in lake.upkeep(spark, tmp_path, 0, last=last, now=lambda: clock[0])]
+
+    assert upkept() == ["a", "b"]
+    assert upkept() == []  # no commit since: nothing to compact, and no file became deletable by a commit
+    lake.append_once(_df(spark, n=[2]), tmp_path / "a", "q", 2)
+    assert upkept() == ["a"]
+    clock[0] += REVISIT_UNCHANGED_SECONDS  # time alone makes old files deletable: each table again
+    assert upkept() == ["a", "b"]
+    assert lake.count(tmp_path / "a") == 3 and lake.count(tmp_path / "b") == 2
+    assert [r.table for r in lake.upkeep(spark, tmp_path, 0)] == ["a", "b"]  # without a memory: every table
