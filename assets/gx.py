@@ -8,25 +8,12 @@ the dict form lets an app declare checks without importing great-expectations (s
 """
 
 import logging
-import threading
 from functools import cache
 
 import dagster as dg
 import pandas as pd
 
 logging.getLogger("great_expectations").setLevel(logging.ERROR)
-
-
-def import_in_background() -> threading.Thread:
-    """Import great-expectations on a thread: it takes 2.6 s (measured), which a run spends waiting on
-    Spark anyway; the first check then finds it loaded."""
-    thread = threading.Thread(target=_import_gx, name="eventide-gx-import", daemon=True)
-    thread.start()
-    return thread
-
-
-def _import_gx() -> None:
-    import great_expectations  # noqa: F401
 
 
 @cache

@@ -548,10 +548,6 @@ def run_all(settings: Settings, progress: Callable[[str], None] = print, summari
     cursors = load_cursors(instance, defs)
     # What the pipelines' sensor would ask for now, this run does: its cursor moves on with the others.
     due_runs(defs, instance, cursors=cursors, only_jobs=(PIPELINES_JOB,))
-    if summaries and defs.resolve_asset_graph().asset_check_keys:
-        from assets.gx import import_in_background
-
-        import_in_background()  # while the pipelines run: the checks after them then start at once
     progress("running the pipelines (bronze, apps, quarantine) through Dagster ...")
     result = defs.resolve_job_def(PIPELINES_JOB).execute_in_process(instance=instance, raise_on_error=False, run_config=QUIET)
     unusable = _collect(result, summary)
