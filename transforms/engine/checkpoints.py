@@ -158,4 +158,3 @@ def explain_checkpoint_error(error: BaseException | str, plan) -> str | None:
         "checkpoint that processes the whole log again. Delta takes the new generation for a new writer, so give "
         "its append sinks new tables (or remove the old ones first), else their rows are written twice"
     )
-
