@@ -176,7 +176,6 @@ class Service:
         self.all_running = threading.Event()
         self.archived = 0  # landing segments moved to the archive (transforms/ingestion/archive.py)
         self.upkept = 0  # rounds of lake upkeep (compaction, vacuum) done
-        self.upkept_tables: dict[str, tuple[int, float]] = {}  # per table: its version after its last upkeep, and when
         self.error: BaseException | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._main, name="eventide-queries", daemon=True)
@@ -266,7 +265,8 @@ class Service:
         from transforms import lake
 
         try:
-            done = lake.upkeep(spark, self.settings.lake, self.settings.vacuum_hours, last=self.upkept_tables)
+            done = lake.upkeep(spark, self.settings.lake, self.settings.vacuum_hours,
+                               revisit_after=lake.REVISIT_UNCHANGED_SECONDS)
         except Exception as e:  # noqa: BLE001 - the tables stay as they are; the next round tries again
             self.say(f"lake upkeep failed (the next round tries again): {e}")
             return

@@ -1,6 +1,8 @@
 """The lake on real Delta tables written by delta-spark: exactly-once writes skipped by Delta itself,
 MERGE, replaceWhere, the tables in Spark's catalog, upkeep, and delta-rs reading what Spark wrote."""
 
+import time
+
 import pyarrow as pa
 import pytest
 
@@ -103,22 +105,25 @@ def test_vacuum_lists_a_table_in_a_few_tasks_not_ten_thousand(spark, tmp_path):
     assert lake.count(path) == 2 and lake.table_files(path).files == 1
 
 
-def test_upkeep_with_a_memory_leaves_a_table_without_a_new_commit_alone_for_a_while(spark, tmp_path):
-    from transforms.lake.upkeep import REVISIT_UNCHANGED_SECONDS
-
+def test_upkeep_leaves_a_table_whose_last_commit_is_its_upkeep_alone_for_a_while(spark, tmp_path):
+    """The memory is each table's own history (its latest commit ended an upkeep, and when), so it holds
+    for any caller and across a restart; a commit since, or time alone, brings the table back."""
     for name in ("a", "b"):
         for i in range(2):
             lake.append_once(_df(spark, n=[i]), tmp_path / name, "q", i)
-    last, clock = {}, [0.0]
+    assert lake.last_upkeep(tmp_path / "a") is None
+    clock = [time.time()]
 
     def upkept() -> list[str]:
-        return [r.table for r in lake.upkeep(spark, tmp_path, 0, last=last, now=lambda: clock[0])]
+        return [r.table for r in lake.upkeep(spark, tmp_path, 0, revisit_after=3600, now=lambda: clock[0])]
 
     assert upkept() == ["a", "b"]
+    assert abs(lake.last_upkeep(tmp_path / "a") - time.time()) < 60
     assert upkept() == []  # no commit since: nothing to compact, and no file became deletable by a commit
     lake.append_once(_df(spark, n=[2]), tmp_path / "a", "q", 2)
+    assert lake.last_upkeep(tmp_path / "a") is None
     assert upkept() == ["a"]
-    clock[0] += REVISIT_UNCHANGED_SECONDS  # time alone makes old files deletable: each table again
+    clock[0] += 3600  # time alone makes old files deletable: each table again
     assert upkept() == ["a", "b"]
     assert lake.count(tmp_path / "a") == 3 and lake.count(tmp_path / "b") == 2
-    assert [r.table for r in lake.upkeep(spark, tmp_path, 0)] == ["a", "b"]  # without a memory: every table
+    assert [r.table for r in lake.upkeep(spark, tmp_path, 0)] == ["a", "b"]  # `eventide upkeep`: every table

@@ -16,17 +16,18 @@ from transforms.lake.reads import (
     count,
     engine_info,
     exists,
+    last_upkeep,
     query,
     read,
     table_files,
     version,
 )
 from transforms.lake.session import configure, delta_spark_conf, jar_paths, register_tables
-from transforms.lake.upkeep import UpkeepResult, upkeep
+from transforms.lake.upkeep import REVISIT_UNCHANGED_SECONDS, UpkeepResult, upkeep
 from transforms.lake.writes import append_once, merge_once, replace_where
 
 __all__ = [
-    "TableFiles", "UpkeepResult", "append_once", "arrow_schema", "configure", "committed_batch", "count", "delta_spark_conf", "engine_info",
-    "exists", "jar_paths", "merge_once", "query", "read", "register_tables", "replace_where", "table_files",
+    "REVISIT_UNCHANGED_SECONDS", "TableFiles", "UpkeepResult", "append_once", "arrow_schema", "configure", "committed_batch", "count", "delta_spark_conf", "engine_info",
+    "exists", "jar_paths", "last_upkeep", "merge_once", "query", "read", "register_tables", "replace_where", "table_files",
     "upkeep", "version",
 ]

@@ -101,6 +101,16 @@ def table_files(path: str | Path) -> TableFiles | None:
     return TableFiles(dt.version(), actions.num_rows, size)
 
 
+def last_upkeep(path: str | Path) -> float | None:
+    """When the table's latest commit ended an upkeep (a completed VACUUM, upkeep's last commit), in
+    seconds since the epoch; None when a later commit (or none such) came after it."""
+    history = DeltaTable(str(path)).history(1)
+    latest = history[0] if history else {}
+    if latest.get("operation") == "VACUUM END" and (latest.get("operationParameters") or {}).get("status") == "COMPLETED":
+        return latest["timestamp"] / 1000
+    return None
+
+
 def engine_info(path: str | Path) -> str | None:
     """The engine that made the table's latest commit (`commitInfo.engineInfo`), if it says."""
     history = DeltaTable(str(path)).history(1)

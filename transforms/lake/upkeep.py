@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from transforms.lake.reads import exists, table_files, version
+from transforms.lake.reads import exists, last_upkeep, table_files
 
 
 @dataclass(frozen=True)
@@ -34,29 +34,24 @@ def upkeep_table(spark, path: Path, vacuum_hours: float) -> UpkeepResult:
                         on_disk - _parquet_files(path))
 
 
-# A table with no commit since its last upkeep is done again after this long: VACUUM's retention
-# makes its old files deletable with time alone.
+# `serve` does a table whose latest commit is its last upkeep's again after this long: VACUUM's
+# retention makes its old files deletable with time alone.
 REVISIT_UNCHANGED_SECONDS = 3600.0
 
 
-def upkeep(spark, lake: Path, vacuum_hours: float, last: dict[str, tuple[int, float]] | None = None,
-           now: Callable[[], float] = time.monotonic) -> list[UpkeepResult]:
-    """OPTIMIZE and VACUUM every table under `lake`. With `last` (a caller's memory across rounds: the
-    table's version after its upkeep, and when), a table with no commit since then is left alone until
-    REVISIT_UNCHANGED_SECONDS have passed: an idle `serve` then spends nothing on it (an upkeep is
-    several Spark jobs a table, and commits a version of its own)."""
+def upkeep(spark, lake: Path, vacuum_hours: float, revisit_after: float | None = None,
+           now: Callable[[], float] = time.time) -> list[UpkeepResult]:
+    """OPTIMIZE and VACUUM every table under `lake`. With `revisit_after` (seconds), a table whose
+    latest commit is the end of its last upkeep, younger than that, is left alone: no commit since
+    means nothing to compact and no file made deletable by one (the table's own history says so, so
+    the memory survives a restart, and an upkeep is several Spark jobs and two commits a table)."""
     if not lake.is_dir():
         return []
     done = []
     for path in sorted(p for p in lake.iterdir() if exists(p)):
-        key = str(path)
-        if last is not None and key in last:
-            kept_version, at = last[key]
-            if version(path) == kept_version and now() - at < REVISIT_UNCHANGED_SECONDS:
-                continue
+        if revisit_after is not None and (at := last_upkeep(path)) is not None and now() - at < revisit_after:
+            continue
         done.append(upkeep_table(spark, path, vacuum_hours))
-        if last is not None:
-            last[key] = (version(path), now())
     return done
 
 
