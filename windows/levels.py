@@ -4,7 +4,8 @@ In a pipeline, a level is a key and the state step after it (`transforms.api.Pip
 level's outputs are the next level's messages, e.g. per key 50 ms event-time sums, then 1 s sums of
 those (Wallaroo's `multi_aggregation`). `reference_levels` runs the levels one after the other, each
 over its whole input at once, key by key, and hands the next level the outputs in the engine's order:
-by the input message each answers (its landing sequence number), then the order its key produced them.
+by the input message each answers (its landing sequence number), then by the key that produced them
+(one input's outputs from several keys: key by key), then the order that key produced them.
 
 `reference_event_time_windows` is one key's tumbling or sliding event-time windows found by brute
 force over the key's whole input (each message's watermark taken from the messages before it), not
@@ -29,8 +30,9 @@ def reference_levels(messages: Sequence[tuple[int, Any]], levels: Sequence[Level
                      first_key: Callable[[Any], Any] | None = None) -> list[tuple[int, str, Any]]:
     """The last level's outputs of `messages` ([(seq, message)] in landing order) through `levels`, as
     (seq, key, output) in output order: sorted by the seq of the landed message each descends from,
-    then by its place among that message's outputs (its input's place, then its own among the outputs
-    answering that input). `first_key`: the first level's key when its own is None."""
+    then by the key that produced it, then by its place among that key's outputs of that message (its
+    input's place, then its own among the outputs answering that input). `first_key`: the first
+    level's key when its own is None."""
     items = [(seq, 0, None, m) for seq, m in messages]  # (seq, part: place among the seq's items, key, message)
     for n, (key_of, run) in enumerate(levels):
         key_of = key_of if key_of is not None or n else first_key
@@ -43,10 +45,10 @@ def reference_levels(messages: Sequence[tuple[int, Any]], levels: Sequence[Level
             for i, out in run(key, [(seq, m) for seq, _, m in inputs]):
                 seq, part, _ = inputs[i]
                 j = answered[i] = answered.get(i, -1) + 1
-                outputs.append(((seq, part, j), key, out))
+                outputs.append(((seq, key, part, j), key, out))
         outputs.sort(key=lambda o: o[0])
         items, place = [], {}
-        for (seq, _, _), key, out in outputs:
+        for (seq, *_), key, out in outputs:
             place[seq] = place.get(seq, -1) + 1
             items.append((seq, place[seq], key, out))
     return [(seq, key, out) for seq, _, key, out in items]

@@ -32,6 +32,9 @@ ENVELOPE = pa.schema(
         ("step", pa.string()),
         ("reason", pa.string()),
         ("payload", pa.binary()),
+        # A later level's message: the key of the previous level that produced it. One input's outputs
+        # from several keys reach the next level key by key (engine/levels.py); null at the first level.
+        ("origin", pa.string()),
     ]
 )
 DECODED_PREFIX = "m__"  # decoded message columns beside the envelope (a decoder may have a field `kind` too)

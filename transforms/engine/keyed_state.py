@@ -76,7 +76,7 @@ class KeyedStateProcessor(StatefulProcessor):
             return
         seq = df["seq"].to_numpy()
         if not (len(seq) < 2 or (seq[1:] > seq[:-1]).all()):  # usually already in order: skip the sort
-            df = df.sort_values(["seq", "part"], kind="stable").reset_index(drop=True)
+            df = df.take(input_order(df)).reset_index(drop=True)
         states = self._load()
         ctx = self._context(key, timerValues, self.plan.timers)
         columns = [DECODED_PREFIX + n for n in self.plan.decoded_schema.names] if self.plan.mode is QueryMode.COLUMNAR else None
@@ -105,6 +105,18 @@ class KeyedStateProcessor(StatefulProcessor):
         pass
 
 
+def input_order(df: pd.DataFrame, keys: np.ndarray | None = None) -> np.ndarray:
+    """The positions of a group's input envelopes in the order the state step takes them: key by key
+    (`keys`: codes of the key column, None for a group of one key), each key's by the landing sequence
+    of the input they answer, then by the key of the previous level that produced them (a later
+    level: one input's outputs from several keys, key by key; none at the first level, and none before
+    the others), then by their place among that key's outputs. A total order, however Spark's shuffle
+    delivered the rows, so a replayed batch is decided as the first time."""
+    origins, _ = pd.factorize(df["origin"], sort=True)  # missing -> -1: first
+    order = (df["part"].to_numpy(), origins, df["seq"].to_numpy())
+    return np.lexsort(order if keys is None else (*order, keys))
+
+
 STATE_BUCKETS = 64  # part of a bucketed checkpoint's layout: fixed once it has state
 
 
@@ -128,7 +140,7 @@ class BucketedStateProcessor(StatefulProcessor):
     def handleInputRows(self, bucket, rows, timerValues) -> Iterator[pd.DataFrame]:
         df = unpack(rows)
         codes, _ = pd.factorize(df["key"], sort=False)
-        order = np.lexsort((df["part"].to_numpy(), df["seq"].to_numpy(), codes))
+        order = input_order(df, codes)
         if (order[1:] < order[:-1]).any():  # often in order already (one key, or keys apart): no copy
             df = df.take(order)
             df.index = pd.RangeIndex(len(df))
@@ -308,6 +320,7 @@ class _Rows:
             data["payload"] = [None] * n
         data["step"] = self.step
         data["reason"] = self.reason
+        data["origin"] = [None] * n  # outputs: the re-key stage names their key as the next level's origin
         return pd.DataFrame(data, columns=ENVELOPE.names)
 
 

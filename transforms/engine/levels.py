@@ -19,10 +19,13 @@ that raises quarantines its output (step `key_by`). A close record of a later le
 carries in `payload`) at its own level's re-key stage.
 
 Order: an output keeps the sequence number of the input message it answers (-1 for what a timer
-emitted), and its `part` is renumbered to its rank among the outputs of that input (so parts stay small
-through any number of levels). A level sees its key's messages in (seq, part) order: the order the
-previous level produced them for one input, inputs in landing order; a timer's outputs first in their
-micro-batch. Every level's state lives in the query's one checkpoint, each level's in its own operator,
+emitted), its `origin` is the key that produced it, and its `part` is renumbered to its rank among the
+outputs of that input (so parts stay small through any number of levels). A level sees its key's
+messages in (seq, origin, part) order (`keyed_state.input_order`): inputs in landing order; one input's
+outputs from several keys of the previous level key by key; each key's in the order it produced them;
+a timer's outputs first in their micro-batch. A total order, whatever partitions and arrival order
+Spark's shuffle gives (a partition's ranks alone tie across partitions), so a replayed batch is decided
+as the first time. Every level's state lives in the query's one checkpoint, each level's in its own operator,
 in the checkpoint's one layout (grouped by key when any level has timers); the query commits a batch
 once all levels have run it, and its sink writes carry the batch id as a single-level query's do: kill
 -9 anywhere replays the whole batch through every level, exactly once.
@@ -59,6 +62,7 @@ def make_rekey_stage(level: QueryPlan, fail_fast: bool) -> Callable[[Iterator[pa
             return
         kind = table.column("kind").to_pylist()
         key = table.column("key").to_pylist()
+        origin = table.column("origin").to_pylist()
         step = table.column("step").to_pylist()
         reason = table.column("reason").to_pylist()
         msg = table.column("msg")
@@ -74,7 +78,7 @@ def make_rekey_stage(level: QueryPlan, fail_fast: bool) -> Callable[[Iterator[pa
                 key[i] = QUARANTINE_KEY  # quarantine rows (and later levels' close records) pass the level
                 continue
             fn = keys[branch[i]]
-            kind[i] = "msg"
+            kind[i], origin[i] = "msg", key[i]  # the key that produced it: its order at the next level
             if fn is KEEP_KEY:
                 continue
             try:
@@ -89,6 +93,7 @@ def make_rekey_stage(level: QueryPlan, fail_fast: bool) -> Callable[[Iterator[pa
         parts = ranks_within(table.column("seq").to_numpy(), table.column("part").to_numpy())
         for name, column in (("kind", pa.array(kind, pa.string())), ("key", pa.array(key, pa.string())),
                              ("step", pa.array(step, pa.string())), ("reason", pa.array(reason, pa.string())),
+                             ("origin", pa.array(origin, pa.string())),
                              ("msg", pc.if_else(quarantined, pa.scalar(None, pa.binary()), msg)),
                              ("part", pa.array(parts, pa.int32()))):
             table = table.set_column(table.schema.get_field_index(name), name, column)

@@ -139,6 +139,7 @@ def make_columnar_stage(plan: QueryPlan, fail_fast: bool):
                 "step": pa.array(steps, pa.string()),
                 "reason": pa.array(reasons, pa.string()),
                 "payload": pc.if_else(bad, payloads, pa.scalar(None, pa.binary())),
+                "origin": pa.nulls(n, pa.string()),
             }
             if plan.mode is QueryMode.COLUMNAR:
                 if key in decoded.column_names:
@@ -190,7 +191,9 @@ class _Envelopes:
     def batch(self, landing: pa.RecordBatch) -> pa.RecordBatch:
         rows = pa.array(self.src, pa.int64())
         arrays = [
-            landing.column(f.name).take(rows).cast(f.type) if f.name in self.CARRIED else pa.array(getattr(self, f.name), f.type)
+            landing.column(f.name).take(rows).cast(f.type) if f.name in self.CARRIED
+            else pa.nulls(len(rows), f.type) if f.name == "origin"  # the first level's messages have none
+            else pa.array(getattr(self, f.name), f.type)
             for f in ENVELOPE
         ]
         return pa.RecordBatch.from_arrays(arrays, schema=ENVELOPE)

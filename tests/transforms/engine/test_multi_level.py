@@ -24,6 +24,7 @@ from transforms.api import (
     KeyMark,
     Pipeline,
     computation,
+    computation_multi,
     decoder,
     merge,
     source,
@@ -31,7 +32,7 @@ from transforms.api import (
 )
 from transforms.engine.checkpoints import explain_checkpoint_error
 from transforms.engine.envelope import ENVELOPE, QUARANTINE_KEY
-from transforms.engine.keyed_state import _run_key
+from transforms.engine.keyed_state import _run_key, input_order
 from transforms.engine.levels import make_rekey_stage, ranks_within
 from transforms.engine.plan import KEEP_KEY, QueryMode, TimeMode, plan_queries
 from transforms.engine.runner import run_application
@@ -214,10 +215,10 @@ LANDING = pa.schema([("stream", pa.string()), ("seq", pa.int64()), ("receive_tim
 
 class LocalQuery:
     """A plan's stages without Spark, batch after batch: the pre stage, each level's keyed step (a key's
-    rows in (seq, part) order through `_run_key`, the processors' core), the re-key stage between levels
-    over the previous level's output split in `partitions` by key (as Spark's shuffle places a key's
-    group). A shuffle keeps no order, so each key's rows arrive reversed: only (seq, part) orders them.
-    States stay per level and key between batches."""
+    rows in the processors' order, `input_order`, through `_run_key`, the processors' core), the re-key
+    stage between levels over the previous level's output split in `partitions` by key (as Spark's
+    shuffle places a key's group). A shuffle keeps no order, so each key's rows arrive reversed: only
+    the envelopes' own fields order them. States stay per level and key between batches."""
 
     def __init__(self, plan, partitions: int):
         self.plan, self.partitions = plan, partitions
@@ -241,7 +242,8 @@ class LocalQuery:
     def _keyed(self, env: pa.Table, plan, n: int) -> pa.Table:
         frames = [ENVELOPE.empty_table().to_pandas()]
         for key, rows in env.to_pandas().groupby("key", sort=False):
-            rows = rows.iloc[::-1].sort_values(["seq", "part"], kind="stable").reset_index(drop=True)
+            rows = rows.iloc[::-1].reset_index(drop=True)
+            rows = rows.take(input_order(rows)).reset_index(drop=True)
             frames.append(rows if key == QUARANTINE_KEY else _run_key(rows, self.states[n].setdefault(key, {}),
                                                                       plan.branches, False, None, Context(key)))
         return pa.Table.from_pandas(pd.concat(frames, ignore_index=True), schema=ENVELOPE, preserve_index=False)
@@ -301,6 +303,99 @@ def test_the_engines_stages_over_micro_batches_equal_the_reference(events, size,
         got += [(s, brief(pickle.loads(m))) for s, m in zip(out["seq"], out["msg"])]
     expected = reference_levels([(s, reading(p)) for s, p in payloads], levels)
     assert got == [(s, brief(w)) for s, _, w in expected]
+
+
+@decoder
+def text(payload: bytes) -> str:
+    return payload.decode()
+
+
+@computation_multi("words")
+def words(line: str) -> list[str]:
+    return line.split()
+
+
+@state_computation("word count", state=Total)
+def word_count(word: str, total: Total) -> tuple:
+    total.n += 1
+    return (word, total.n)
+
+
+@state_computation("arrivals", state=Total)
+def arrivals(update: tuple, total: Total) -> tuple:
+    total.n += 1
+    return (*update, total.n)  # the place it reached the one key in: the order is the result
+
+
+def _one_key(update) -> str:
+    return "all"
+
+
+def _reference_run(step, state_type):
+    def run(key, inputs):
+        state = state_type()
+        return [(i, step(m, state)) for i, (_, m) in enumerate(inputs)]
+    return run
+
+
+@examples(max_examples=60, deadline=None)
+@given(lines=st.lists(st.lists(st.sampled_from("abcde"), min_size=1, max_size=5).map(" ".join), min_size=1, max_size=30),
+       cuts=st.lists(st.integers(0, 30), max_size=4), partitions=st.integers(1, 3))
+def test_one_inputs_outputs_from_several_keys_reach_the_next_level_key_by_key(lines, cuts, partitions):
+    """A line fans out into words, counted per word (level 1), then all the counts go to one key whose
+    result is the order it sees them in (level 2): the outputs of one line from several words' keys
+    reach it word by word (the key that produced them), whatever partitions and arrival order the
+    shuffle gives, equal to the reference. Without `origin` (the producing key) they tied on (seq, part)."""
+    pipeline = source("r", decoder=text).to(words).key_by(lambda w: w).to(word_count).key_by(_one_key).to(arrivals)
+    (plan,) = _plans(Application("fan_out", pipeline.to_sink(DeltaSink("out"))))
+    assert len(plan.levels) == 1
+    payloads = [(seq, line.encode()) for seq, line in enumerate(lines, 1)]
+    query, got = LocalQuery(plan, partitions), []
+    bounds = [0, *sorted({c for c in cuts if 0 < c < len(payloads)}), len(payloads)]
+    for a, b in zip(bounds, bounds[1:]):
+        out = query.run(payloads[a:b])  # one key: its outputs in the order it produced them
+        got += [(s, pickle.loads(m)) for s, m in zip(out["seq"], out["msg"])]
+    messages = [(seq, w) for seq, line in enumerate(lines, 1) for w in words.fn(line)]
+    expected = reference_levels(messages, [(lambda w: w, _reference_run(word_count.fn, Total)),
+                                           (_one_key, _reference_run(arrivals.fn, Total))])
+    assert got == [(s, out) for s, _, out in expected]
+
+
+@dataclasses.dataclass
+class Arrival:
+    word: str
+    count: int
+    n: int
+
+
+@state_computation("arrival", state=Total)
+def arrival(update: tuple, total: Total) -> Arrival:
+    total.n += 1
+    return Arrival(*update, total.n)
+
+
+@pytest.mark.spark
+def test_one_inputs_outputs_from_several_keys_reach_the_next_level_key_by_key_on_spark(spark, tmp_path):
+    """The same on Spark (two shuffle partitions, two micro-batches): the table equals the reference."""
+    import sys
+
+    from pyspark import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    pipeline = source("lines", decoder=text).to(words).key_by(lambda w: w).to(word_count).key_by(_one_key).to(arrival)
+    app = Application("fan_out", pipeline.to_sink(DeltaSink("arrivals")))
+    settings = Settings(home=tmp_path, app_registry=registry_of([app]), max_files_per_trigger=1)
+    lines = ["e d c b a", "a b a", "c", "b e d a c e", "d d a"]
+    land(settings, "lines", [line.encode() for line in lines[:2]])
+    land(settings, "lines", [line.encode() for line in lines[2:]])
+    (report,) = run_application(spark, app, settings)
+    assert report.batches == 2
+    got = sorted((r["n"], r["word"], r["count"]) for r in lake.read(settings.table_path("arrivals")).to_pylist())
+    messages = [(seq, w) for seq, line in enumerate(lines, 1) for w in line.split()]
+    expected = reference_levels(messages, [(lambda w: w, _reference_run(word_count.fn, Total)),
+                                           (_one_key, _reference_run(arrival.fn, Total))])
+    assert got == [(a.n, a.word, a.count) for _, _, a in expected]
+    assert [w for _, w, _ in got][:5] == ["a", "b", "c", "d", "e"]  # the first line's words, key by key
 
 
 # -- SIGKILL mid-run, then run again ---------------------------------------------------------------------
