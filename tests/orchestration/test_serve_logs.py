@@ -6,6 +6,7 @@ follow-ups). Real sockets, real Spark, real Dagster runs."""
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import socket
 import time
 
@@ -25,6 +26,7 @@ def logs_home(spark, tmp_path, monkeypatch):
     monkeypatch.setenv("EVENTIDE_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("EVENTIDE_APPS", "examples.logs:app")
     monkeypatch.setenv("DAGSTER_HOME", "")  # dagster_instance points it into the home
+    monkeypatch.setenv("EVENTIDE_UPKEEP_MINUTES", "0.05")  # a lake upkeep round every 3 s
     reset_settings()
     yield Settings.from_env()
     reset_settings()
@@ -58,9 +60,17 @@ def test_summaries_follow_the_log_days_sent_to_the_service(logs_home):
             assert service.all_running.wait(120), lines
             _send(gw.gateway.bound_ports["logs"], log_messages())
             assert _wait_for(lambda: _summary(logs_home) == expected_summary(), 120), (_summary(logs_home), lines)
+            bronze = logs_home.table_path("bronze_log_lines")
+            assert _wait_for(lambda: lake.count(bronze) == len(log_messages()), 60)
+            rounds = service.upkept
+            assert _wait_for(lambda: service.upkept >= rounds + 3, 120), lines  # two whole rounds after the write
         finally:
             service.stop()
     assert service.error is None
+    # The upkeep rounds after bronze's last write left it alone but once: serve's memory of an upkeep is
+    # the table's own history (its latest commit ended one), so an idle table costs no job and no commit.
+    after_write = _commits_since_last_write(bronze)
+    assert after_write.count("VACUUM END") == 1, after_write
     assert any(line.startswith("daily_return_code_summary[") and "(asked by daily_summary_automation): done" in line
                for line in lines), lines
     # Dagster saw the tables change while it ran: runless materializations with latency metadata.
@@ -70,6 +80,17 @@ def test_summaries_follow_the_log_days_sent_to_the_service(logs_home):
     meta = event.asset_materialization.metadata
     assert meta["source"].value == "eventide serve" and meta["rows_added"].value > 0
     assert meta["latency_p99_seconds"].value >= meta["latency_p50_seconds"].value > 0
+
+
+UPKEEP_OPERATIONS = ("OPTIMIZE", "VACUUM START", "VACUUM END")
+
+
+def _commits_since_last_write(path) -> list[str]:
+    """The operations of the table's commits after its last one that is not the upkeep's, oldest first."""
+    from deltalake import DeltaTable
+
+    operations = [h["operation"] for h in DeltaTable(str(path)).history()]  # newest first
+    return list(reversed(list(itertools.takewhile(lambda op: op in UPKEEP_OPERATIONS, operations))))
 
 
 def _key(name: str):
