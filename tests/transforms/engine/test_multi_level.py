@@ -321,10 +321,17 @@ def word_count(word: str, total: Total) -> tuple:
     return (word, total.n)
 
 
-@state_computation("arrivals", state=Total)
-def arrivals(update: tuple, total: Total) -> tuple:
+@dataclasses.dataclass
+class Arrival:
+    word: str
+    count: int
+    n: int  # the place it reached the one key in: the order is the result
+
+
+@state_computation("arrival", state=Total)
+def arrival(update: tuple, total: Total) -> Arrival:
     total.n += 1
-    return (*update, total.n)  # the place it reached the one key in: the order is the result
+    return Arrival(*update, total.n)
 
 
 def _one_key(update) -> str:
@@ -346,7 +353,7 @@ def test_one_inputs_outputs_from_several_keys_reach_the_next_level_key_by_key(li
     result is the order it sees them in (level 2): the outputs of one line from several words' keys
     reach it word by word (the key that produced them), whatever partitions and arrival order the
     shuffle gives, equal to the reference. Without `origin` (the producing key) they tied on (seq, part)."""
-    pipeline = source("r", decoder=text).to(words).key_by(lambda w: w).to(word_count).key_by(_one_key).to(arrivals)
+    pipeline = source("r", decoder=text).to(words).key_by(lambda w: w).to(word_count).key_by(_one_key).to(arrival)
     (plan,) = _plans(Application("fan_out", pipeline.to_sink(DeltaSink("out"))))
     assert len(plan.levels) == 1
     payloads = [(seq, line.encode()) for seq, line in enumerate(lines, 1)]
@@ -357,21 +364,8 @@ def test_one_inputs_outputs_from_several_keys_reach_the_next_level_key_by_key(li
         got += [(s, pickle.loads(m)) for s, m in zip(out["seq"], out["msg"])]
     messages = [(seq, w) for seq, line in enumerate(lines, 1) for w in words.fn(line)]
     expected = reference_levels(messages, [(lambda w: w, _reference_run(word_count.fn, Total)),
-                                           (_one_key, _reference_run(arrivals.fn, Total))])
+                                           (_one_key, _reference_run(arrival.fn, Total))])
     assert got == [(s, out) for s, _, out in expected]
-
-
-@dataclasses.dataclass
-class Arrival:
-    word: str
-    count: int
-    n: int
-
-
-@state_computation("arrival", state=Total)
-def arrival(update: tuple, total: Total) -> Arrival:
-    total.n += 1
-    return Arrival(*update, total.n)
 
 
 @pytest.mark.spark
