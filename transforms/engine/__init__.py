@@ -20,7 +20,8 @@ One query per pipeline (or merged group of pipelines). The modules follow a mess
     envelope.py      the rows between the stages, and how user code is called
 
 Every row between stages is an envelope: sequence, part (position among the outputs of one input
-message), the pickled message, and the input's landing metadata. Errors in user code become
+message), the pickled message, the input's landing metadata, and at a later level of a multi-level
+pipeline the key of the level before that produced it (origin, part of its order: levels.py). Errors in user code become
 quarantine envelopes and flow to the quarantine table; with `fail_fast` they stop the query.
 """
 
