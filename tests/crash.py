@@ -8,6 +8,7 @@ import random
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 
@@ -17,9 +18,10 @@ from tests.conftest import REPO
 def run_python(code: str, env: dict, kill_when: Callable[[], bool] | None = None, timeout: float = 240,
                jitter: float = 0.0, poll: float = 0.05) -> str:
     """"killed" (kill_when held, then up to `jitter` s more: the kill lands anywhere in what follows),
-    "complete" (the code printed COMPLETE) or "exit N"."""
+    "complete" (the code printed COMPLETE) or "exit N: <the end of its stderr>"."""
+    errors = tempfile.TemporaryFile()  # a file, not a pipe: a chatty run never blocks on a full pipe
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env=env, start_new_session=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            stdout=subprocess.PIPE, stderr=errors, text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))
     deadline = time.time() + timeout
     try:
@@ -34,7 +36,10 @@ def run_python(code: str, env: dict, kill_when: Callable[[], bool] | None = None
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    return "complete" if "COMPLETE" in proc.stdout.read() else f"exit {proc.returncode}"
+    if "COMPLETE" in proc.stdout.read():
+        return "complete"
+    errors.seek(0)
+    return f"exit {proc.returncode}: {errors.read().decode(errors='replace')[-3000:]}"
 
 
 def without_batch_bound(env: dict) -> dict:
