@@ -14,6 +14,7 @@ from hypothesis import given
 from hypothesis import settings as examples
 from hypothesis import strategies as st
 
+from examples.words import WordCount, WordTotal, count_word, decode_text, split, split_words
 from tests.conftest import land
 from tests.crash import run_python, without_batch_bound
 from transforms import lake
@@ -24,7 +25,6 @@ from transforms.api import (
     KeyMark,
     Pipeline,
     computation,
-    computation_multi,
     decoder,
     merge,
     source,
@@ -305,22 +305,6 @@ def test_the_engines_stages_over_micro_batches_equal_the_reference(events, size,
     assert got == [(s, brief(w)) for s, _, w in expected]
 
 
-@decoder
-def text(payload: bytes) -> str:
-    return payload.decode()
-
-
-@computation_multi("words")
-def words(line: str) -> list[str]:
-    return line.split()
-
-
-@state_computation("word count", state=Total)
-def word_count(word: str, total: Total) -> tuple:
-    total.n += 1
-    return (word, total.n)
-
-
 @dataclasses.dataclass
 class Arrival:
     word: str
@@ -329,20 +313,30 @@ class Arrival:
 
 
 @state_computation("arrival", state=Total)
-def arrival(update: tuple, total: Total) -> Arrival:
+def arrival(update: WordCount, total: Total) -> Arrival:
     total.n += 1
-    return Arrival(*update, total.n)
+    return Arrival(update.word, update.count, total.n)
 
 
 def _one_key(update) -> str:
     return "all"
 
 
-def _reference_run(step, state_type):
-    def run(key, inputs):
-        state = state_type()
-        return [(i, step(m, state)) for i, (_, m) in enumerate(inputs)]
-    return run
+def _fan_out(stream: str) -> Pipeline:
+    """Word count's own steps (a line fans out into words, counted per word: level 1), then every count
+    to one key whose result is the order it sees them in (level 2)."""
+    return source(stream, decoder=decode_text).to(split).key_by(lambda w: w).to(count_word).key_by(_one_key).to(arrival)
+
+
+def _fan_out_reference(lines: list[str]) -> list[tuple[int, str, Arrival]]:
+    def run(step, state_type):
+        def on_key(key, inputs):
+            state = state_type()
+            return [(i, step(m, state)) for i, (_, m) in enumerate(inputs)]
+        return on_key
+
+    messages = [(seq, w) for seq, line in enumerate(lines, 1) for w in split_words(line)]
+    return reference_levels(messages, [(lambda w: w, run(count_word.fn, WordTotal)), (_one_key, run(arrival.fn, Total))])
 
 
 @examples(max_examples=60, deadline=None)
@@ -353,8 +347,7 @@ def test_one_inputs_outputs_from_several_keys_reach_the_next_level_key_by_key(li
     result is the order it sees them in (level 2): the outputs of one line from several words' keys
     reach it word by word (the key that produced them), whatever partitions and arrival order the
     shuffle gives, equal to the reference. Without `origin` (the producing key) they tied on (seq, part)."""
-    pipeline = source("r", decoder=text).to(words).key_by(lambda w: w).to(word_count).key_by(_one_key).to(arrival)
-    (plan,) = _plans(Application("fan_out", pipeline.to_sink(DeltaSink("out"))))
+    (plan,) = _plans(Application("fan_out", _fan_out("r").to_sink(DeltaSink("out"))))
     assert len(plan.levels) == 1
     payloads = [(seq, line.encode()) for seq, line in enumerate(lines, 1)]
     query, got = LocalQuery(plan, partitions), []
@@ -362,10 +355,7 @@ def test_one_inputs_outputs_from_several_keys_reach_the_next_level_key_by_key(li
     for a, b in zip(bounds, bounds[1:]):
         out = query.run(payloads[a:b])  # one key: its outputs in the order it produced them
         got += [(s, pickle.loads(m)) for s, m in zip(out["seq"], out["msg"])]
-    messages = [(seq, w) for seq, line in enumerate(lines, 1) for w in words.fn(line)]
-    expected = reference_levels(messages, [(lambda w: w, _reference_run(word_count.fn, Total)),
-                                           (_one_key, _reference_run(arrival.fn, Total))])
-    assert got == [(s, out) for s, _, out in expected]
+    assert got == [(s, out) for s, _, out in _fan_out_reference(lines)]
 
 
 @pytest.mark.spark
@@ -376,8 +366,7 @@ def test_one_inputs_outputs_from_several_keys_reach_the_next_level_key_by_key_on
     from pyspark import cloudpickle
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    pipeline = source("lines", decoder=text).to(words).key_by(lambda w: w).to(word_count).key_by(_one_key).to(arrival)
-    app = Application("fan_out", pipeline.to_sink(DeltaSink("arrivals")))
+    app = Application("fan_out", _fan_out("lines").to_sink(DeltaSink("arrivals")))
     settings = Settings(home=tmp_path, app_registry=registry_of([app]), max_files_per_trigger=1)
     lines = ["e d c b a", "a b a", "c", "b e d a c e", "d d a"]
     land(settings, "lines", [line.encode() for line in lines[:2]])
@@ -385,10 +374,7 @@ def test_one_inputs_outputs_from_several_keys_reach_the_next_level_key_by_key_on
     (report,) = run_application(spark, app, settings)
     assert report.batches == 2
     got = sorted((r["n"], r["word"], r["count"]) for r in lake.read(settings.table_path("arrivals")).to_pylist())
-    messages = [(seq, w) for seq, line in enumerate(lines, 1) for w in line.split()]
-    expected = reference_levels(messages, [(lambda w: w, _reference_run(word_count.fn, Total)),
-                                           (_one_key, _reference_run(arrival.fn, Total))])
-    assert got == [(a.n, a.word, a.count) for _, _, a in expected]
+    assert got == [(a.n, a.word, a.count) for _, _, a in _fan_out_reference(lines)]
     assert [w for _, w, _ in got][:5] == ["a", "b", "c", "d", "e"]  # the first line's words, key by key
 
 
