@@ -100,6 +100,10 @@ class Settings:
     # Pipelines
     marker: str = "END_OF_DAY"
     fail_fast: bool = False
+    # A window step that allows it (trigger windows whose aggregator can merge, no count limit) gets its
+    # key's runs of messages folded where they are decoded, on every core, instead of one by one in the
+    # key's single task (windows.TriggerWindows.prefold). Off: the reference form, for comparison.
+    prefold: bool = True
     # Landing bytes per micro-batch (Spark's maxBytesPerTrigger; a batch takes at least one segment):
     # bounds the driver's memory on a large backlog (4M log lines in one batch exhausted a 1 GB driver)
     # without bounding the number of small segments a batch may take (under serve a segment closes

@@ -177,6 +177,19 @@ class WindowComputation(StateComputation):
             return None
         return tuple(dict.fromkeys((*own, *declared)))
 
+    @property
+    def prefolds(self) -> bool:
+        """Whether the engine may fold runs of a key's messages ahead of this step (see `prefold`): a
+        batch-form step without early results, whose window kind and aggregator allow it."""
+        return self.batch and self.early_every is None and self.early_every_ms is None and \
+            self.kind.can_prefold(self.window)
+
+    def prefold(self, frame: pd.DataFrame, breaks: np.ndarray, min_run: int = 2) -> list:
+        """Runs of `frame` (messages in sequence order with their `_seq`, keys apart by `breaks`) the
+        step may take folded: [(start, stop, windows.Folded)]. A frame the step later gets may hold a
+        `_folded` column: per row None, or the Folded run it stands for."""
+        return self.kind.prefold(self.window, frame, breaks, min_run)
+
     def one_message(self) -> WindowComputation:
         """The same step, one message at a time: the reference its batch form must equal."""
         return replace(self.kind.build(self.window, self.name, self.state, self.outputs, False, self.early_every,
@@ -300,6 +313,12 @@ class _WindowKind:
     def process_frame(self, window: Any, state: Any, ctx: Context, frame: pd.DataFrame) -> Emitted:
         raise NotImplementedError
 
+    def can_prefold(self, window: Any) -> bool:
+        return False
+
+    def prefold(self, window: Any, frame: pd.DataFrame, breaks: np.ndarray, min_run: int) -> list:
+        raise NotImplementedError
+
     def close_all(self, window: Any, state: Any, ctx: Context) -> Emitted:
         """The input ended: close every open window of the key (`QuietClose.END_OF_INPUT`)."""
         return window.close_all(state, ctx.key, QuietClose.END_OF_INPUT)
@@ -364,10 +383,25 @@ class TriggerWindowKind(_WindowKind):
         return window.process(state, ctx.key, ctx.seq, msg)
 
     def process_frame(self, window: TriggerWindows, state, ctx: Context, frame: pd.DataFrame) -> Emitted:
+        folded = None
+        if "_folded" in frame.columns:  # the aggregator sees the messages' own columns only
+            folded, frame = frame["_folded"].to_numpy(), frame.drop(columns="_folded")
         return window.process_frame(
             state, ctx.key, frame, seq=frame["_seq"].to_numpy(),
             markers=None if self.is_marker is None else self.is_marker.frame(frame),
             boundaries=None if self.boundary is None else self.boundary.frame(frame),
+            folded=folded,
+        )
+
+    def can_prefold(self, window: TriggerWindows) -> bool:
+        return self.batch_form(window) and window.can_prefold
+
+    def prefold(self, window: TriggerWindows, frame: pd.DataFrame, breaks: np.ndarray, min_run: int) -> list:
+        return window.prefold(
+            frame, frame["_seq"].to_numpy(), breaks,
+            markers=None if self.is_marker is None else self.is_marker.frame(frame),
+            boundaries=None if self.boundary is None else self.boundary.frame(frame),
+            min_run=min_run,
         )
 
 

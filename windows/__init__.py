@@ -30,7 +30,7 @@ from windows.core import (
 from windows.count import CountState, CountWindows, reference_count_windows
 from windows.event_time import EventTimeState, EventTimeWindows, LateEvent, LatePolicy, late_event_schema
 from windows.session import SessionState, SessionWindows, reference_sessions
-from windows.triggers import DEFAULT_MARKER, TriggerState, TriggerWindows, is_marker
+from windows.triggers import DEFAULT_MARKER, Folded, TriggerState, TriggerWindows, is_marker
 from windows.wall_clock import WallClockState, WallClockWindows
 
 __all__ = [
@@ -42,6 +42,7 @@ __all__ = [
     "Emitted",
     "EventTimeState",
     "EventTimeWindows",
+    "Folded",
     "LateEvent",
     "LatePolicy",
     "OpenWindow",

@@ -11,6 +11,10 @@ A source's messages form one open window at a time. It closes when
 A marker closing an empty window emits nothing. `process` takes one message; `process_frame` takes
 many as a pandas DataFrame (batch state computations) and returns exactly the same windows: it cuts
 the frame at markers, boundary changes and count limits and folds each run with `add_frame`.
+
+`prefold` folds runs of a key's messages ahead of the key's state (where the engine decodes, on every
+core): a run that no marker, boundary change or gap in the key's order cuts becomes one `Folded`
+row, which `process_frame` merges into the window as if it had folded the run's messages itself.
 """
 
 from __future__ import annotations
@@ -33,6 +37,36 @@ def is_marker(payload: bytes | str | None, marker: str = DEFAULT_MARKER) -> bool
     if isinstance(payload, (bytes, bytearray, memoryview)):
         return bytes(payload).rstrip(b"\r\n") == marker.encode()
     return payload.rstrip("\r\n") == marker
+
+
+@dataclass(frozen=True)
+class Folded:
+    """A run of one key's consecutive messages, folded ahead of the key's state: the accumulator, the
+    sequence numbers it covers (`seq_ranges`: inclusive (first, last) pairs, ascending; the key's own
+    messages only) and how many messages it holds. Its messages share one boundary value and hold no
+    marker."""
+
+    value: Any
+    seq_ranges: tuple[tuple[int, int], ...]
+    size: int
+
+    @property
+    def first_seq(self) -> int:
+        return self.seq_ranges[0][0]
+
+    @property
+    def last_seq(self) -> int:
+        return self.seq_ranges[-1][1]
+
+    def seqs(self) -> list[int]:
+        return [s for first, last in self.seq_ranges for s in range(first, last + 1)]
+
+
+def _ranges(seq: np.ndarray) -> tuple[tuple[int, int], ...]:
+    """Ascending sequence numbers as inclusive (first, last) ranges of consecutive numbers."""
+    cuts = np.flatnonzero(np.diff(seq) != 1) + 1
+    starts, ends = np.r_[0, cuts], np.r_[cuts, len(seq)] - 1
+    return tuple(zip(seq[starts].tolist(), seq[ends].tolist()))
 
 
 class TriggerState:
@@ -87,14 +121,21 @@ class TriggerWindows:
         seq: Sequence[int],
         markers: Sequence[bool] | None = None,
         boundaries: Sequence[Hashable] | None = None,
+        folded: Sequence[Folded | None] | None = None,
     ) -> Emitted:
         """Feed a DataFrame of messages in sequence order; same windows as `process` row by row.
 
         `markers` and `boundaries` are per-row arrays (what `is_marker` and `boundary` would say);
-        `aggregator.add_frame` folds each run of rows between cuts.
+        `aggregator.add_frame` folds each run of rows between cuts. `folded` (from `prefold`): per row,
+        None for a message, or the `Folded` run the row stands for (its markers and boundary columns
+        are those of the run's messages), merged in with `aggregator.merge`.
         """
         if self.aggregator.add_frame is None:
             raise ValueError("process_frame needs an aggregator with add_frame")
+        if folded is not None and not any(f is not None for f in folded):
+            folded = None
+        if folded is not None and not self.can_prefold:
+            raise ValueError("folded runs need an aggregator with merge and no max_count (see can_prefold)")
         n = len(frame)
         seq = np.asarray(seq, dtype=np.int64)
         is_mark = np.zeros(n, dtype=bool) if markers is None else np.asarray(markers, dtype=bool)
@@ -116,7 +157,10 @@ class TriggerWindows:
         pos = 0
         for cut in [*sorted(cuts), n]:
             if cut > pos:  # a run of data messages [pos, cut)
-                self._fold_run(state, key, frame, seq, bnd, pos, cut, out)
+                if folded is None:
+                    self._fold_run(state, key, frame, seq, bnd, pos, cut, out)
+                else:
+                    self._fold_mixed_run(state, frame, seq, bnd, folded, pos, cut)
             if cut == n:
                 break
             if is_mark[cut]:
@@ -139,6 +183,68 @@ class TriggerWindows:
             start += take
             if self.max_count is not None and w.size >= self.max_count:
                 self._close(state, key, CloseReason.COUNT, out)
+
+    def _fold_mixed_run(self, state, frame, seq, bnd, folded, start: int, stop: int) -> None:
+        """A run of one boundary value whose rows are messages or folded runs (no count limit)."""
+        w = self._open(state, bnd[start])
+        k = start
+        while k < stop:
+            f = folded[k]
+            if f is not None:
+                w.value = self.aggregator.merge(w.value, f.value)
+                w.add_seq_range(f.first_seq, f.last_seq, f.size)
+                k += 1
+                continue
+            j = k
+            while j < stop and folded[j] is None:
+                j += 1
+            w.value = self.aggregator.add_frame(w.value, frame.iloc[k:j])
+            w.add_seq_range(int(seq[k:j].min()), int(seq[k:j].max()), j - k)
+            k = j
+
+    # -- folding ahead of the state ---------------------------------------------------------------
+    @property
+    def can_prefold(self) -> bool:
+        """Whether runs may be folded apart and merged later: the aggregator can merge, and no count
+        limit makes where a window ends depend on the state's count so far."""
+        return self.aggregator.add_frame is not None and self.aggregator.merge is not None and self.max_count is None
+
+    def prefold(
+        self,
+        frame,
+        seq: Sequence[int],
+        breaks: Sequence[bool],
+        markers: Sequence[bool] | None = None,
+        boundaries: Sequence[Hashable] | None = None,
+        min_run: int = 2,
+    ) -> list[tuple[int, int, Folded]]:
+        """The runs of `frame` (messages in sequence order, of one key between any two `breaks`) that
+        `process_frame` may take as one `Folded` row each: [(start, stop, folded)], ascending. A run
+        holds at least `min_run` messages, no marker, one boundary value, and no row with `breaks`
+        set after its first (breaks[i]: message i may not directly follow message i-1 in its key's
+        order, e.g. another key's message or a gap in the sequence numbers lies between them)."""
+        if not self.can_prefold:
+            raise ValueError("prefold needs an aggregator with merge and no max_count (see can_prefold)")
+        n = len(frame)
+        if n < min_run:
+            return []
+        seq = np.asarray(seq, dtype=np.int64)
+        is_mark = np.zeros(n, dtype=bool) if markers is None else np.asarray(markers, dtype=bool)
+        starts = np.asarray(breaks, dtype=bool).copy()
+        starts[0] = True
+        starts[1:] |= is_mark[1:] | is_mark[:-1]
+        if self.boundary is not None and boundaries is not None:
+            bnd = np.asarray(boundaries, dtype=object)
+            starts[1:] |= bnd[1:] != bnd[:-1]
+        first = np.flatnonzero(starts)
+        stops = np.r_[first[1:], n]
+        runs = []
+        for lo, hi in zip(first.tolist(), stops.tolist()):
+            if hi - lo < min_run or is_mark[lo]:
+                continue
+            value = self.aggregator.add_frame(self.aggregator.create(), frame.iloc[lo:hi])
+            runs.append((lo, hi, Folded(value, _ranges(seq[lo:hi]), hi - lo)))
+        return runs
 
     def open_windows(self, state: TriggerState) -> list[OpenWindow]:
         return [state.open] if state.open is not None and state.open.size else []

@@ -1,5 +1,6 @@
 """Trigger windows (marker, day change, count): feed a stream, assert the exact windows out."""
 
+import numpy as np
 import pandas as pd
 import pytest
 from hypothesis import given, settings
@@ -126,3 +127,78 @@ def test_close_reasons_are_named_values():
     assert [str(r) for r in CloseReason] == ["marker", "day_change", "count", "watermark", "timer"]
     with pytest.raises(ValueError):
         TriggerWindows(collect(), max_count=0)
+
+
+# -- folding runs ahead of the state (prefold) --------------------------------------------------------
+def windows_merging(day_change=True) -> TriggerWindows:
+    """`windows_def` whose aggregator can merge (list concatenation: order-sensitive, so a run merged out of
+    place shows)."""
+    return TriggerWindows(
+        Aggregator(create=list, add=lambda acc, m: acc + [m["v"]], add_frame=lambda acc, f: acc + f["v"].tolist(),
+                   merge=lambda a, b: a + b),
+        is_marker=lambda m: m["v"] == MARK,
+        boundary=(lambda m: m["day"]) if day_change else None,
+    )
+
+
+def prefolded_frames(wd, messages, seqs, cuts, breaks, min_run, state=None, key="src"):
+    """`as_frames`, each micro-batch first folded by `prefold` (`breaks`: positions where the key's order has
+    a gap) and fed as its runs' last rows carrying their `Folded`, between the messages left as they are."""
+    state = state or TriggerState()
+    frame = pd.DataFrame(messages, columns=["v", "day"])
+    frame["_seq"] = seqs
+    broken = pd.Series(False, index=frame.index)
+    broken.iloc[[b for b in breaks if b < len(frame)]] = True
+    out, folded_rows = [], 0
+    bounds = [0, *sorted(c for c in cuts if 0 < c < len(frame)), len(frame)]
+    for a, b in zip(bounds, bounds[1:]):
+        part = frame.iloc[a:b].reset_index(drop=True)
+        marks, days = (part["v"] == MARK).to_numpy(), part["day"].to_numpy(dtype=object)
+        runs = wd.prefold(part, part["_seq"].to_numpy(), broken.iloc[a:b].to_numpy(), marks, days, min_run)
+        keep, folded = [True] * len(part), [None] * len(part)
+        for lo, hi, f in runs:
+            assert f.seqs() == part["_seq"].iloc[lo:hi].tolist() and f.size == hi - lo
+            keep[lo:hi - 1] = [False] * (hi - 1 - lo)
+            folded[hi - 1] = f
+            folded_rows += 1
+        part, folded = part[np.asarray(keep, dtype=bool)].reset_index(drop=True), [f for f, k in zip(folded, keep) if k]
+        out.extend(wd.process_frame(state, key, part, seq=part["_seq"], markers=(part["v"] == MARK).to_numpy(),
+                                    boundaries=part["day"].to_numpy(dtype=object), folded=folded).windows)
+    return out, state, folded_rows
+
+
+@settings(max_examples=300, deadline=None)
+@given(stream=st.lists(message, max_size=40), steps=st.lists(st.integers(1, 3), min_size=40, max_size=40),
+       cuts=st.lists(st.integers(0, 40), max_size=4), breaks=st.lists(st.integers(0, 40), max_size=4),
+       min_run=st.integers(2, 4), day_change=st.booleans())
+def test_prefolded_runs_give_the_windows_of_one_message_at_a_time(stream, steps, cuts, breaks, min_run, day_change):
+    wd = windows_merging(day_change)
+    seqs = [sum(steps[: i + 1]) for i in range(len(stream))]  # gaps: other keys' messages in between
+    expected, s1 = [], TriggerState()
+    for s, m in zip(seqs, msgs(*stream)):
+        expected.extend(wd.process(s1, "src", s, m).windows)
+    got, s2, _ = prefolded_frames(wd, msgs(*stream), seqs, cuts, breaks, min_run)
+    assert got == expected
+    assert (s1.open is None) == (s2.open is None)
+    if s1.open is not None:
+        assert vars(s1.open) == vars(s2.open)
+
+
+def test_a_run_is_cut_by_markers_new_days_and_breaks_and_folds_only_long_runs():
+    wd = windows_merging()
+    stream = msgs(("a", 1), ("b", 1), ("c", 1), MARK, ("d", 1), ("e", 2), ("f", 2), ("g", 2), ("h", 2), ("i", 2))
+    frame = pd.DataFrame(stream, columns=["v", "day"])
+    seqs = [1, 2, 3, 4, 5, 6, 7, 9, 10, 11]
+    breaks = [False] * 8 + [True, False]  # "h" may not follow "g" directly
+    runs = wd.prefold(frame, seqs, breaks, (frame["v"] == MARK).to_numpy(), frame["day"].to_numpy(dtype=object), 2)
+    assert [(lo, hi, f.value, f.seq_ranges, f.size) for lo, hi, f in runs] == [
+        (0, 3, ["a", "b", "c"], ((1, 3),), 3), (5, 8, ["e", "f", "g"], ((6, 7), (9, 9)), 3), (8, 10, ["h", "i"], ((10, 11),), 2)]
+    assert [lo for lo, _, _ in wd.prefold(frame, seqs, breaks, None, frame["day"].to_numpy(dtype=object), 3)] == [0, 5]
+
+
+def test_prefold_needs_a_merge_and_no_count_limit():
+    frame = pd.DataFrame(msgs(("a", 1), ("b", 1)), columns=["v", "day"])
+    assert windows_merging().can_prefold and not windows_def().can_prefold
+    assert not TriggerWindows(windows_merging().aggregator, max_count=3).can_prefold
+    with pytest.raises(ValueError, match="merge"):
+        windows_def().prefold(frame, [1, 2], [True, False])

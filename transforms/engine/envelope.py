@@ -91,6 +91,21 @@ def call_user(step_name: str, fail_fast: bool, fn: Callable, *args):
         raise Quarantined(step_name, describe(e)) from None
 
 
+# -- frames -----------------------------------------------------------------------------------------
+def spark_frame(table: pa.Table) -> pd.DataFrame:
+    """An Arrow table as a pandas frame, converted as Spark converts a stateful step's input (time stamps
+    tz-naive in UTC, the session's zone; dates as datetime.date): the keyed step's frames and the pre
+    stage's (stages.prefold_runs) hand the user's functions the same values."""
+    df = table.to_pandas()
+    for f in table.schema:
+        if pa.types.is_timestamp(f.type):
+            column = df[f.name]
+            if f.type.tz is not None:
+                column = column.dt.tz_convert("UTC").dt.tz_localize(None)
+            df[f.name] = column.astype("datetime64[ns]")
+    return df
+
+
 # -- records ----------------------------------------------------------------------------------------
 def frame_to_records(name: str, out: Any) -> list:
     """What a batch function returned, as a list of records."""

@@ -39,6 +39,7 @@ from transforms.engine.envelope import (
     call_user,
     dumps,
     frame_to_records,
+    spark_frame,
 )
 from transforms.engine.plan import QueryMode, QueryPlan
 from transforms.engine.stages import apply_steps
@@ -204,15 +205,7 @@ def unpack(frames: Iterator[pd.DataFrame]) -> pd.DataFrame:
     """A bucket's packed rows as one frame of envelopes, converted as Spark converts its input (time
     stamps tz-naive in UTC, the session's zone; dates as datetime.date)."""
     tables = [pa.ipc.open_stream(blob).read_all() for frame in frames for blob in frame["rows"]]
-    table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
-    df = table.to_pandas()
-    for f in table.schema:
-        if pa.types.is_timestamp(f.type):
-            column = df[f.name]
-            if f.type.tz is not None:
-                column = column.dt.tz_convert("UTC").dt.tz_localize(None)
-            df[f.name] = column.astype("datetime64[ns]")
-    return df
+    return spark_frame(tables[0] if len(tables) == 1 else pa.concat_tables(tables))
 
 
 def stateful_step(env, plan: QueryPlan, fail_fast: bool, layout: StateLayout):
@@ -386,6 +379,9 @@ def _run_rows(out: _Rows, rows: _Input, lo: int, hi: int, states: dict, branches
                 frame = df[columns] if whole else df.iloc[i:j][columns].reset_index(drop=True)
                 frame = frame.set_axis([c[len(DECODED_PREFIX):] for c in columns], axis=1)
                 frame["_stream"] = df["stream"].to_numpy()[i:j]
+                folded = df["msg"].iloc[i:j]  # a columnar message carries none, a folded run its Folded
+                if folded.notna().any():
+                    frame["_folded"] = [None if m is None else pickle.loads(m) for m in folded.tolist()]
             else:
                 frame = pd.DataFrame.from_records([to_record(pickle.loads(m)) for m in msgs[i:j]])
             ctx.seq, ctx.row = None, None
@@ -460,8 +456,10 @@ def _run_batch(out: _Rows, seqs, parts, branch_col, frame: pd.DataFrame, i, j, s
         records = frame_to_records(sc.name, result)
         records = apply_steps(rest, records, fail_fast)
     except Quarantined as q:
-        for k in range(i, j):
-            out.add("quarantine", seqs[k], parts[k], branch_col[k], None, q.step, q.reason, k)
+        folded = frame["_folded"].tolist() if "_folded" in frame.columns else [None] * (j - i)
+        for k, f in zip(range(i, j), folded):
+            for s in ([seqs[k]] if f is None else f.seqs()):  # a folded run: each message it holds
+                out.add("quarantine", s, parts[k], branch_col[k], None, q.step, q.reason, k)
         return
     # Each output names the input it answers (`Emit(seq, value)` or a `_seq` field; default: the last).
     position: dict | None = None  # built when first asked: one entry per input row

@@ -70,6 +70,9 @@ class QueryPlan:
     levels: tuple[QueryPlan, ...] = ()
     # Which level of its query a plan runs: 0 the query's own plan, k its levels[k - 1]
     level: int = 0
+    # The pre stage folds each key's runs of messages for the first step (a WindowComputation that
+    # prefolds: see stages.prefold_runs); the keyed step merges them
+    prefold: bool = False
 
     @property
     def messages_as_objects(self) -> bool:
@@ -160,7 +163,17 @@ def plan_queries(app: Application, settings: Settings, decoders: dict | None = N
             )
         )
         plans[-1] = replace(plans[-1], levels=_later_levels(app.name, plans[-1]))
+        plans[-1] = replace(plans[-1], prefold=settings.prefold and _prefolds(plans[-1]))
     return plans
+
+
+def _prefolds(plan: QueryPlan) -> bool:
+    """Whether the pre stage may fold runs for the plan's first step: a columnar plan of one level whose
+    state computation (shared by every branch, see _choose_mode) says it may."""
+    if plan.mode is not QueryMode.COLUMNAR or plan.levels or plan.timers:
+        return False
+    first = plan.branches[0].post_steps[0]
+    return bool(getattr(first, "prefolds", False))
 
 
 class KeepKey:

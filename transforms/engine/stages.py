@@ -25,6 +25,7 @@ from transforms.engine.envelope import (
     call_user,
     dumps,
     frame_to_records,
+    spark_frame,
 )
 from transforms.engine.plan import QueryMode, QueryPlan
 
@@ -83,6 +84,7 @@ def make_columnar_stage(plan: QueryPlan, fail_fast: bool):
     schema = plan.stage_schema
     ok_kind = "out" if plan.mode is QueryMode.DIRECT else "msg"
     key = branches[0].key_fn
+    prefold = branches[0].post_steps[0] if plan.prefold else None  # the window step runs of messages fold for
 
     def decode_all(batch: pa.RecordBatch):
         """Each branch decodes its own rows; the results are put back in input order."""
@@ -159,9 +161,59 @@ def make_columnar_stage(plan: QueryPlan, fail_fast: bool):
                 if isinstance(col, pa.ChunkedArray):
                     col = col.combine_chunks()
                 arrays.append(col.cast(f.type))
-            yield pa.RecordBatch.from_arrays(arrays, schema=schema)
+            out = pa.RecordBatch.from_arrays(arrays, schema=schema)
+            yield prefold_runs(prefold, out, fail_fast, PREFOLD_MIN_RUN) if prefold is not None else out
 
     return stage
+
+
+# A shorter run travels as its messages: folding it would cost more than the rows it saves.
+PREFOLD_MIN_RUN = 64
+
+
+def prefold_runs(step, batch: pa.RecordBatch, fail_fast: bool, min_run: int) -> pa.RecordBatch:
+    """A columnar pre stage's envelopes with each key's runs of messages folded for the keyed `step` (a
+    window step that prefolds, see plan._prefolds): a run's last row stands for it, carrying the pickled
+    `windows.Folded` in `msg`; its other rows are dropped. The keyed step takes far fewer rows, and the
+    folding runs here, on every core, rather than in the key's one task.
+
+    A run joins a key's messages only across rows whose sequence numbers are consecutive in this batch:
+    every number between two of them is then in this batch (the query's sequence numbers are unique),
+    so no other task holds a message of the key between them. A gap (another stream's message, a row
+    filtered out, the next file) ends the run. If folding raises, the batch goes on unfolded, and the
+    keyed step meets the error as it would have."""
+    kind = batch.column("kind").to_numpy(zero_copy_only=False)
+    rows = np.flatnonzero(kind == "msg")
+    if len(rows) < min_run:
+        return batch
+    codes, _ = pd.factorize(batch.column("key").take(pa.array(rows)).to_numpy(zero_copy_only=False))
+    by_key = np.argsort(codes, kind="stable")  # each key's messages together, in the batch's order
+    order, codes = rows[by_key], codes[by_key]
+    seq = batch.column("seq").to_numpy()
+    contiguous = np.cumsum(np.r_[True, seq[1:] != seq[:-1] + 1])  # equal: consecutive numbers between
+    branch = batch.column("branch").to_numpy()
+    breaks = np.r_[True, (codes[1:] != codes[:-1]) | (contiguous[order][1:] != contiguous[order][:-1])
+                   | (branch[order][1:] != branch[order][:-1])]
+    decoded = [n for n in batch.schema.names if n.startswith(DECODED_PREFIX)]
+    frame = spark_frame(pa.Table.from_batches([batch.select(decoded)]).take(pa.array(order)))
+    frame = frame.set_axis([c[len(DECODED_PREFIX):] for c in decoded], axis=1)
+    frame["_stream"] = batch.column("stream").take(pa.array(order)).to_numpy(zero_copy_only=False)
+    frame["_seq"] = seq[order]
+    try:
+        runs = step.prefold(frame, breaks, min_run)
+    except Exception:
+        if fail_fast:
+            raise
+        return batch
+    if not runs:
+        return batch
+    keep = np.ones(batch.num_rows, dtype=bool)
+    msg = batch.column("msg").to_pylist()
+    for lo, hi, folded in runs:
+        keep[order[lo:hi - 1]] = False
+        msg[order[hi - 1]] = dumps(folded)
+    columns = [pa.array(msg, pa.binary()) if name == "msg" else batch.column(name) for name in batch.schema.names]
+    return pa.RecordBatch.from_arrays(columns, schema=batch.schema).filter(pa.array(keep))
 
 
 class _Envelopes:
