@@ -26,6 +26,12 @@ def _context():
     return ctx
 
 
+def warm_up() -> None:
+    """Import great-expectations and make its context (2-3 s) ahead of the first check: `eventide run`
+    does it while the JVM starts, when its main thread would only wait (orchestration/runner.py)."""
+    _context()
+
+
 def expectation(e):
     """A GX expectation from an object or its configuration dict; TypeError says what is expected."""
     if isinstance(e, dict):

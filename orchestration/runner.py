@@ -544,6 +544,13 @@ def run_all(settings: Settings, progress: Callable[[str], None] = print, summari
     instance = dagster_instance(settings)
     summary = RunSummary()
     if spark_starting is not None:
+        if summaries:  # the checks' great-expectations: imported while the JVM starts, not in a check's step
+            from assets.gx import warm_up
+
+            try:
+                warm_up()
+            except Exception:  # noqa: BLE001 - the check that needs it meets the error, in its own step
+                pass
         spark_starting.join()  # it swaps stdout and stderr while the JVM starts: nothing may print before
     cursors = load_cursors(instance, defs)
     # What the pipelines' sensor would ask for now, this run does: its cursor moves on with the others.
