@@ -200,10 +200,8 @@ def prefold_runs(step, batch: pa.RecordBatch, fail_fast: bool, min_run: int) -> 
     frame["_stream"] = batch.column("stream").take(pa.array(order)).to_numpy(zero_copy_only=False)
     frame["_seq"] = seq[order]
     try:
-        runs = step.prefold(frame, breaks, min_run)
-    except Exception:
-        if fail_fast:
-            raise
+        runs = call_user(step.name, fail_fast, step.prefold, frame, breaks, min_run)
+    except Quarantined:
         return batch
     if not runs:
         return batch

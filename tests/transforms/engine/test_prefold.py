@@ -9,6 +9,7 @@ import pickle
 from unittest import mock
 
 import pyarrow as pa
+import pytest
 from hypothesis import given
 from hypothesis import settings as examples
 from hypothesis import strategies as st
@@ -185,3 +186,18 @@ def test_the_log_apps_query_is_folded():
 
     (plan,) = plan_queries(app, Settings(app_registry=registry_of([app])))
     assert plan.prefold and plan.decoded_schema.names == ["kind", "day", "status"]
+
+
+def _failing_add_frame(acc, frame):
+    raise ValueError("cannot fold")
+
+
+def test_a_fold_that_fails_leaves_the_batch_to_the_keyed_step_or_stops_under_fail_fast():
+    aggregator = dataclasses.replace(IN_ORDER, add_frame=_failing_add_frame)
+    lines = [(seq, f"a,1,v{seq}".encode()) for seq in range(1, 101)]
+    folded, reference = Query(_plan(aggregator)), Query(_plan(aggregator, prefold=False))
+    out = folded.batch([[lines]])
+    assert folded.keyed_rows == 100 and out == reference.batch([[lines]])
+    assert {kind for kind, *_ in out} == {"quarantine"}
+    with pytest.raises(RuntimeError, match="EVENTIDE_FAIL_FAST is on.*cannot fold"):
+        list(make_pre_stage(_plan(aggregator), True)(iter([_landing(lines)])))
