@@ -7,6 +7,7 @@ import re
 import shlex
 import sys
 import threading
+import time
 from pathlib import Path
 
 from transforms.lake.session import configure
@@ -107,6 +108,17 @@ def start_in_background(settings: Settings) -> threading.Thread:
     thread = threading.Thread(target=get_spark, args=(settings,), name="eventide-spark-start", daemon=True)
     thread.start()
     return thread
+
+
+def wait_for_jvm_launch(starting: threading.Thread, poll_seconds: float = 0.05) -> None:
+    """Return once `starting` (start_in_background) has launched the JVM, or has ended. Before the launch,
+    PySpark's builder imports modules on that thread (its Spark Connect probe: grpc, protobuf, pyspark.testing);
+    after it, only py4j calls. Another import on this thread is then no race with those (two threads
+    importing one package's modules at once can see it half initialized)."""
+    from pyspark import SparkContext
+
+    while starting.is_alive() and SparkContext._gateway is None:
+        time.sleep(poll_seconds)
 
 
 # -- user code on the executors ------------------------------------------------------------------------

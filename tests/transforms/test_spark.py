@@ -100,3 +100,33 @@ def test_lean_path_drops_the_zips_only_when_the_same_pyspark_imports_without_the
     (site / "py4j").mkdir()
     (site / "py4j" / "__init__.py").write_text("")
     assert lean_path(path) == [other, str(site)]
+
+
+def test_waiting_for_the_jvm_launch_returns_once_the_gateway_is_up_or_the_thread_ended(monkeypatch):
+    import threading
+    import time
+
+    from pyspark import SparkContext
+
+    from transforms.spark import wait_for_jvm_launch
+
+    monkeypatch.setattr(SparkContext, "_gateway", None)
+    launched = threading.Event()
+
+    def launch():
+        time.sleep(0.3)
+        SparkContext._gateway = object()  # what launch_gateway's caller sets
+        launched.set()
+        time.sleep(1.0)  # the session is still starting: the wait does not need it
+
+    starting = threading.Thread(target=launch)
+    started = time.monotonic()
+    starting.start()
+    wait_for_jvm_launch(starting, poll_seconds=0.01)
+    assert launched.is_set() and starting.is_alive() and time.monotonic() - started < 0.9
+    starting.join()
+    monkeypatch.setattr(SparkContext, "_gateway", None)
+    ended = threading.Thread(target=lambda: None)
+    ended.start()
+    ended.join()
+    wait_for_jvm_launch(ended)  # a start that failed: no gateway, and no waiting for one
