@@ -84,7 +84,7 @@ def make_columnar_stage(plan: QueryPlan, fail_fast: bool):
     schema = plan.stage_schema
     ok_kind = "out" if plan.mode is QueryMode.DIRECT else "msg"
     key = branches[0].key_fn
-    prefold = branches[0].post_steps[0] if plan.prefold else None  # the window step runs of messages fold for
+    prefold = branches[0].post_steps[0] if plan.prefold else None  # the window step whose runs this stage folds
 
     def decode_all(batch: pa.RecordBatch):
         """Each branch decodes its own rows; the results are put back in input order."""
