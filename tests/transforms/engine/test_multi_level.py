@@ -37,6 +37,7 @@ from transforms.engine.levels import make_rekey_stage, ranks_within
 from transforms.engine.plan import KEEP_KEY, QueryMode, TimeMode, plan_queries
 from transforms.engine.runner import run_application
 from transforms.engine.stages import make_pre_stage
+from transforms.ingestion.landing import LANDING_SCHEMA
 from transforms.registry import registry_of
 from transforms.settings import Settings
 from transforms.windowing import event_time_windows, wall_clock_windows
@@ -196,7 +197,7 @@ def test_a_later_levels_close_record_passes_the_levels_before_it_and_gets_its_ke
         "\x00close:closing", "\x00close:closing#1", "\x00close:closing#2"]
     records = pa.RecordBatch.from_pydict(
         {"stream": ["r"] * 3, "seq": [7, 8, 9], "receive_time": [None] * 3, "payload": [b"a", b"x", b"42"],
-         "connection": [close_connection(plan, n) for n in range(3)], "landing_error": [None] * 3}, schema=LANDING)
+         "connection": [close_connection(plan, n) for n in range(3)], "landing_error": [None] * 3}, schema=LANDING_SCHEMA)
     (env,) = split_close_records(plan, lambda batches: [b for b in batches if False])(iter([records]))
     # The first level's record goes to its key; the later ones' pass it as quarantine rows pass a level.
     assert env.column("key").to_pylist() == ["a", QUARANTINE_KEY, QUARANTINE_KEY]
@@ -209,8 +210,6 @@ def test_a_later_levels_close_record_passes_the_levels_before_it_and_gets_its_ke
 
 
 # -- the engine's stages over micro-batches == the reference ------------------------------------------------
-LANDING = pa.schema([("stream", pa.string()), ("seq", pa.int64()), ("receive_time", pa.timestamp("us", tz="UTC")),
-                     ("connection", pa.string()), ("payload", pa.binary()), ("landing_error", pa.string())])
 
 
 class LocalQuery:
@@ -228,7 +227,7 @@ class LocalQuery:
         n = len(rows)
         landing = pa.RecordBatch.from_pydict({"stream": ["r"] * n, "seq": [s for s, _ in rows], "receive_time": [None] * n,
                                               "connection": ["c"] * n, "payload": [p for _, p in rows],
-                                              "landing_error": [None] * n}, schema=LANDING)
+                                              "landing_error": [None] * n}, schema=LANDING_SCHEMA)
         env = pa.Table.from_batches(list(make_pre_stage(self.plan, False)(iter([landing]))), schema=ENVELOPE)
         env = self._keyed(env, self.plan, 0)
         for n, level in enumerate(self.plan.levels, 1):

@@ -20,14 +20,13 @@ from transforms.engine.envelope import QUARANTINE_KEY, spark_frame
 from transforms.engine.keyed_state import _run_key, input_order
 from transforms.engine.plan import plan_queries
 from transforms.engine.stages import make_pre_stage
+from transforms.ingestion.landing import LANDING_SCHEMA
 from transforms.registry import registry_of
 from transforms.settings import Settings
 from transforms.windowing import field_is, trigger_windows
 from windows import Aggregator
 
 ITEM = pa.schema([("k", pa.string()), ("kind", pa.string()), ("day", pa.int64()), ("v", pa.string())])
-LANDING = pa.schema([("stream", pa.string()), ("seq", pa.int64()), ("receive_time", pa.timestamp("us", tz="UTC")),
-                     ("connection", pa.string()), ("payload", pa.binary()), ("landing_error", pa.string())])
 
 
 @decoder(schema=ITEM)
@@ -61,7 +60,7 @@ def _landing(rows: list[tuple[int, bytes]]) -> pa.RecordBatch:
     n = len(rows)
     return pa.RecordBatch.from_pydict({"stream": ["items"] * n, "seq": [s for s, _ in rows], "receive_time": [None] * n,
                                        "connection": ["c"] * n, "payload": [p for _, p in rows],
-                                       "landing_error": [None] * n}, schema=LANDING)
+                                       "landing_error": [None] * n}, schema=LANDING_SCHEMA)
 
 
 class Query:
