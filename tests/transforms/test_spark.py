@@ -130,3 +130,30 @@ def test_waiting_for_the_jvm_launch_returns_once_the_gateway_is_up_or_the_thread
     ended.start()
     ended.join()
     wait_for_jvm_launch(ended)  # a start that failed: no gateway, and no waiting for one
+
+
+def test_when_the_jvm_has_launched_the_builders_own_imports_are_done(tmp_path):
+    """What the great-expectations warm-up relies on (orchestration/runner.py), with a real JVM in a process
+    of its own: once wait_for_jvm_launch returns, the Spark thread has launched the JVM and imported its
+    Spark Connect probe's modules, so an import on the caller's thread no longer meets those half done."""
+    import os
+    import subprocess
+    import sys
+
+    code = """
+import sys
+from transforms.settings import Settings
+from transforms.spark import start_in_background, wait_for_jvm_launch
+from pyspark import SparkContext
+starting = start_in_background(Settings())
+wait_for_jvm_launch(starting)
+launched = SparkContext._gateway is not None
+probed = {m for m in ("pyspark.testing.utils", "google.protobuf") if m in sys.modules}
+starting.join()
+late = {m for m in ("pyspark.testing.utils", "google.protobuf") if m in sys.modules} - probed
+print("RESULT", launched, sorted(late))
+"""
+    env = {**os.environ, "EVENTIDE_HOME": str(tmp_path / "home")}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=180,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert "RESULT True []" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
