@@ -60,7 +60,9 @@ def test_sigkill_and_rerun_leaves_every_message_exactly_once(settings):
         run_python(RUN, env, committed(updates, 2), jitter=0.8),  # mid word count
         run_python(RUN, without_batch_bound(env)),  # to the end
     ]
-    assert outcomes[:2] == ["killed", "killed"] and outcomes[2] == "complete", outcomes
+    spark_log = settings.home / "logs" / "spark.log"  # the JVMs' own stdout and stderr: why one went away
+    assert outcomes[:2] == ["killed", "killed"] and outcomes[2] == "complete", "\n---\n".join(
+        [*outcomes, "the JVMs' log ends:", spark_log.read_text(errors="replace")[-4000:] if spark_log.exists() else "none"])
 
     good = lake.read(bronze, columns=["seq"]).column("seq").to_pylist()
     bad = lake.read(settings.table_path("quarantine"), columns=["seq"]).column("seq").to_pylist()
