@@ -7,7 +7,6 @@ import re
 import shlex
 import sys
 import threading
-import time
 from pathlib import Path
 
 from transforms.lake.session import configure
@@ -104,21 +103,23 @@ def _driver_java_options(settings: Settings) -> list[str]:
 def start_in_background(settings: Settings) -> threading.Thread:
     """Start the session on a thread, so the JVM starts (2-4 s) while the caller does other work; the
     first `get_spark` then waits for it. While the JVM starts, this process's stdout and stderr go to
-    the Spark log (see _start_with_log): callers start it before work that prints nothing."""
+    the Spark log (see _start_with_log): callers start it before work that prints nothing.
+
+    What the start imports is imported first, here, so the thread imports nothing and the caller may
+    import anything meanwhile (two threads importing one package at once can meet it half initialized)."""
+    _import_what_the_start_imports()
     thread = threading.Thread(target=get_spark, args=(settings,), name="eventide-spark-start", daemon=True)
     thread.start()
     return thread
 
 
-def wait_for_jvm_launch(starting: threading.Thread, poll_seconds: float = 0.05) -> None:
-    """Return once `starting` (start_in_background) has launched the JVM, or has ended. Before the launch,
-    PySpark's builder imports modules on that thread (its Spark Connect probe: grpc, protobuf, pyspark.testing);
-    after it, only py4j calls. Another import on this thread is then no race with those (two threads
-    importing one package's modules at once can see it half initialized)."""
-    from pyspark import SparkContext
+def _import_what_the_start_imports() -> None:
+    # PySpark imports some of these only once the JVM is up: py4j's argument converters import
+    # pyspark.testing.utils, which brings pandas, pyarrow and protobuf. Cheap when already imported.
+    import pyspark.sql  # noqa: F401
+    import pyspark.testing.utils  # noqa: F401
 
-    while starting.is_alive() and SparkContext._gateway is None:
-        time.sleep(poll_seconds)
+    import transforms.jvm_cache  # noqa: F401
 
 
 # -- user code on the executors ------------------------------------------------------------------------

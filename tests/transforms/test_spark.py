@@ -102,56 +102,31 @@ def test_lean_path_drops_the_zips_only_when_the_same_pyspark_imports_without_the
     assert lean_path(path) == [other, str(site)]
 
 
-def test_waiting_for_the_jvm_launch_returns_once_the_gateway_is_up_or_the_thread_ended(monkeypatch):
-    import threading
-    import time
-
-    from pyspark import SparkContext
-
-    from transforms.spark import wait_for_jvm_launch
-
-    monkeypatch.setattr(SparkContext, "_gateway", None)
-    launched = threading.Event()
-
-    def launch():
-        time.sleep(0.3)
-        SparkContext._gateway = object()  # what launch_gateway's caller sets
-        launched.set()
-        time.sleep(1.0)  # the session is still starting: the wait does not need it
-
-    starting = threading.Thread(target=launch)
-    started = time.monotonic()
-    starting.start()
-    wait_for_jvm_launch(starting, poll_seconds=0.01)
-    assert launched.is_set() and starting.is_alive() and time.monotonic() - started < 0.9
-    starting.join()
-    monkeypatch.setattr(SparkContext, "_gateway", None)
-    ended = threading.Thread(target=lambda: None)
-    ended.start()
-    ended.join()
-    wait_for_jvm_launch(ended)  # a start that failed: no gateway, and no waiting for one
-
-
-def test_when_the_jvm_has_launched_the_builders_own_imports_are_done(tmp_path):
+def test_the_session_starts_on_its_thread_without_importing_anything(tmp_path):
     """What the great-expectations warm-up relies on (orchestration/runner.py), with a real JVM in a process
-    of its own: once wait_for_jvm_launch returns, the Spark thread has launched the JVM and imported its
-    Spark Connect probe's modules, so an import on the caller's thread no longer meets those half done."""
+    of its own: the thread start_in_background starts loads no module (PySpark's own lazy imports, done
+    once the JVM is up, were made ahead on the caller's thread), so the caller may import anything while
+    the JVM starts. A module lookup that finds nothing (PySpark probes for `pyspark_connect`) loads none."""
     import os
     import subprocess
     import sys
 
     code = """
-import sys
+import sys, threading
+class Recorder:
+    seen = []
+    def find_spec(self, name, path=None, target=None):
+        if threading.current_thread() is not threading.main_thread():
+            self.seen.append(name)
+        return None
+sys.meta_path.insert(0, Recorder())
 from transforms.settings import Settings
-from transforms.spark import start_in_background, wait_for_jvm_launch
+from transforms.spark import start_in_background
 from pyspark import SparkContext
 starting = start_in_background(Settings())
-wait_for_jvm_launch(starting)
-launched = SparkContext._gateway is not None
-probed = {m for m in ("pyspark.testing.utils", "google.protobuf") if m in sys.modules}
 starting.join()
-late = {m for m in ("pyspark.testing.utils", "google.protobuf") if m in sys.modules} - probed
-print("RESULT", launched, sorted(late))
+loaded = [m for m in Recorder.seen if m in sys.modules]
+print("RESULT", SparkContext._active_spark_context is not None, loaded)
 """
     env = {**os.environ, "EVENTIDE_HOME": str(tmp_path / "home")}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=180,
