@@ -210,8 +210,6 @@ def test_a_later_levels_close_record_passes_the_levels_before_it_and_gets_its_ke
 
 
 # -- the engine's stages over micro-batches == the reference ------------------------------------------------
-
-
 class LocalQuery:
     """A plan's stages without Spark, batch after batch: the pre stage, each level's keyed step (a key's
     rows in the processors' order, `input_order`, through `_run_key`, the processors' core), the re-key
