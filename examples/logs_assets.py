@@ -287,7 +287,7 @@ with warnings.catch_warnings():
         use_user_code_server=True,  # DayDue reads the tables: Python the daemon cannot run by itself
         # Several due days as one backfill, which runs as one ranged run (the single-run backfill policy).
         emit_backfills=True,
-        minimum_interval_seconds=30,
+        minimum_interval_seconds=Settings().sensor_interval_seconds,  # EVENTIDE_SENSOR_INTERVAL_SECONDS
         # On by default. Switched off in the UI (Automation page), `run`, `serve` and the daemon all leave
         # the summaries alone: the escape hatch while the logs are being repaired (backfills still work).
         default_status=dg.DefaultSensorStatus.RUNNING,

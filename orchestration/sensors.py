@@ -9,11 +9,13 @@ from assets.resources import EventideSettings
 from transforms.ingestion.gateway import running_gateway
 from transforms.ingestion.kafka_source import KafkaTopicLog
 from transforms.ingestion.log import open_log
+from transforms.settings import Settings
 
 PIPELINES_JOB = "pipelines_job"
 
 
-@dg.sensor(job_name=PIPELINES_JOB, minimum_interval_seconds=30, default_status=dg.DefaultSensorStatus.RUNNING)
+@dg.sensor(job_name=PIPELINES_JOB, minimum_interval_seconds=Settings().sensor_interval_seconds,
+           default_status=dg.DefaultSensorStatus.RUNNING)
 def new_segments_sensor(context: dg.SensorEvaluationContext, eventide: EventideSettings):
     """Starts the pipelines when the log of any registered stream has grown since the last run saw it
     (the landing log: a newer closed segment; Kafka: a higher end offset), or an app's own topic

@@ -135,6 +135,9 @@ class Settings:
     # a table is stale once it has received nothing for this many minutes; 0 = no policy. At least 1
     # (Dagster's floor for a freshness window).
     freshness_minutes: float = 60.0
+    # Dagster's sensors (the pipelines' new-segments sensor, each app's summary automation) are ticked at
+    # most this often by the daemon under `eventide ui`; `run` and `serve` ask them when they need to.
+    sensor_interval_seconds: int = 30
     # A registry given as an object (the testing helper) instead of loaded from `apps`.
     app_registry: object = field(default=None, compare=False, repr=False)
 
@@ -240,6 +243,8 @@ class Settings:
         if self.freshness_minutes and not self.freshness_minutes >= 1:
             raise ConfigError(f"EVENTIDE_FRESHNESS_MINUTES={self.freshness_minutes}: must be 0 (no freshness policy) "
                               "or at least 1 (Dagster's shortest freshness window)")
+        if self.sensor_interval_seconds < 1:
+            raise ConfigError(f"EVENTIDE_SENSOR_INTERVAL_SECONDS={self.sensor_interval_seconds}: must be at least 1")
         if self.spark_remote:
             raise ConfigError(CONNECT_REFUSED.format(url=self.spark_remote))
         if self.vacuum_hours < 0 or self.upkeep_minutes < 0:

@@ -13,7 +13,7 @@ from tests.conftest import REPO, land
 from transforms import lake
 from transforms.api import Application, DeltaSink, source
 from transforms.registry import AppLoadError, RegisteredApp
-from transforms.settings import Settings, reset_settings
+from transforms.settings import ConfigError, Settings, reset_settings
 
 DEFAULT_APPS = "examples.logs:app,examples.market:app,examples.words:app"
 
@@ -132,6 +132,18 @@ def test_no_framework_module_imports_the_examples():
                 continue  # the demo sends the bundled sample data; `generate` writes it
             text = path.read_text()
             assert "from examples" not in text and "import examples" not in text, path
+
+
+def test_the_sensors_tick_at_the_interval_the_settings_give():
+    """EVENTIDE_SENSOR_INTERVAL_SECONDS sets how often the daemon may tick every sensor (the definitions
+    are built at import: a fresh interpreter reads it), and a value below 1 s is refused."""
+    probe = ("from orchestration.definitions import defs; "
+             "print(sorted((s.name, s.minimum_interval_seconds) for s in defs.sensors))")
+    env = {**os.environ, "EVENTIDE_SENSOR_INTERVAL_SECONDS": "7"}
+    out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "[('daily_summary_automation', 7), ('new_segments_sensor', 7)]", out.stderr[-2000:]
+    with pytest.raises(ConfigError, match="EVENTIDE_SENSOR_INTERVAL_SECONDS=0"):
+        Settings(sensor_interval_seconds=0)
 
 
 def test_new_segments_sensor_requests_a_run_only_for_new_segments(settings):

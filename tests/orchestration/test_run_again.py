@@ -110,7 +110,8 @@ def running_daemon(settings, log: Path, **env) -> Iterator[Daemon]:
     """The Dagster daemon over the workspace and the home, as `eventide ui` runs it; stopped (its
     process group: code server, run workers) on the way out."""
     env = {**os.environ, "DAGSTER_HOME": str(settings.dagster_home.absolute()),
-           "EVENTIDE_HOME": str(settings.home.absolute()), "EVENTIDE_APPS": settings.apps, **env}
+           "EVENTIDE_HOME": str(settings.home.absolute()), "EVENTIDE_APPS": settings.apps,
+           "EVENTIDE_SENSOR_INTERVAL_SECONDS": "5", **env}  # ticks every 5 s, not 30: the waits below are for ticks
     daemon = Daemon("dagster-daemon", [str(Path(sys.executable).with_name("dagster-daemon")), "run",
                                        "-w", str(WORKSPACE_FILE)], log).start(env, REPO)
     try:
