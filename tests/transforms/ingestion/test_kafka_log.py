@@ -138,6 +138,8 @@ def test_status_shows_the_topics_end_offsets_and_each_querys_lag(spark, settings
 def test_a_broker_that_is_not_there_is_a_clear_error(settings, monkeypatch, capsys):
     port = free_port()
     monkeypatch.setenv("EVENTIDE_LOG", f"kafka://127.0.0.1:{port}")
+    # Each command waits for the broker this long before saying so (5 s; 1 s here, five commands).
+    monkeypatch.setattr("transforms.ingestion.kafka_log.CHECK_TIMEOUT_SECONDS", 1.0)
     started = time.monotonic()
     for argv in (["ingest", "text", str(WORDS)], ["run"], ["serve"]):
         assert main(argv) == 2
