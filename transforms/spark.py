@@ -76,9 +76,20 @@ def get_spark(settings: Settings):
                 builder = builder.config("spark.python.daemon.module", "transforms.python_daemon")
         _session = _start_with_log(builder, settings)
         _session.sparkContext.setLogLevel("ERROR")
+        if local and (launcher := _lean_launcher(settings)):
+            # Read when a query wraps its functions: the Python processes Spark starts for them.
+            _session.sparkContext.pythonExec = launcher
         if not local:
             ship_user_code(_session, settings)
         return _session
+
+
+def _lean_launcher(settings: Settings) -> str | None:
+    """This venv's `eventide-spark-python` (transforms/python_launcher.py), when Spark's Python is this
+    interpreter and the lean path is on; else None (Spark starts PYSPARK_PYTHON as it is)."""
+    launcher = Path(sys.executable).with_name("eventide-spark-python")
+    ours = os.environ.get("PYSPARK_PYTHON") == sys.executable
+    return str(launcher) if settings.spark_lean_worker_path and ours and launcher.is_file() else None
 
 
 _LOCAL_N = re.compile(r"local\[\s*([0-9]+|\*)\s*\]")
