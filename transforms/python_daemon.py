@@ -25,10 +25,16 @@ def lean_path(path: list[str]) -> list[str]:
     return [p for p in path if not p.startswith(lib)]
 
 
-if __name__ == "__main__":  # python -m transforms.python_daemon pyspark.worker (spark.python.daemon.module)
-    sys.path[:] = lean_path(sys.path)
-    for entry in [e for e in sys.path_importer_cache if e not in sys.path]:  # made while finding this module
+def use_lean_path(path: list[str]) -> None:
+    """Make `lean_path(path)` this process's path, and forget the importers of the entries left out
+    (made while finding the module that calls this)."""
+    sys.path[:] = lean_path(path)
+    for entry in [e for e in sys.path_importer_cache if e not in sys.path]:
         del sys.path_importer_cache[entry]
+
+
+if __name__ == "__main__":  # python -m transforms.python_daemon pyspark.worker (spark.python.daemon.module)
+    use_lean_path(sys.path)
     from pyspark import daemon  # after the path is trimmed: the workers it forks inherit it
 
     daemon.manager()

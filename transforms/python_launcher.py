@@ -19,13 +19,11 @@ def main() -> int:
     args = sys.argv[1:]
     if len(args) < 2 or args[0] != "-m":  # anything but `-m MODULE ...`: the plain interpreter
         os.execv(sys.executable, [sys.executable, *args])
-    from transforms.python_daemon import lean_path
+    from transforms.python_daemon import use_lean_path
 
     # As `python -m` has it: the working folder first (this script's folder is there instead), then
     # the rest without the zips.
-    sys.path[:] = lean_path([os.getcwd(), *sys.path[1:]])
-    for entry in [e for e in sys.path_importer_cache if e not in sys.path]:
-        del sys.path_importer_cache[entry]
+    use_lean_path([os.getcwd(), *sys.path[1:]])
     sys.argv = [args[1], *args[2:]]  # run_module puts the module's file in argv[0], as -m does
     runpy.run_module(args[1], run_name="__main__", alter_sys=True)
     return 0

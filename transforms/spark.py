@@ -44,6 +44,7 @@ def get_spark(settings: Settings):
         from pyspark.sql import SparkSession
 
         local = settings.spark_master.startswith("local")
+        lean = local and _spark_python_is_ours(settings)
         builder = (
             SparkSession.builder.appName("eventide")
             .master(with_task_attempts(settings.spark_master, settings.spark_task_attempts))
@@ -71,12 +72,11 @@ def get_spark(settings: Settings):
         builder = configure(builder)  # Delta Lake (delta-spark): the lake's reads and writes
         if local:  # embedded: loopback only; a cluster's executors must reach the driver (SPARK_LOCAL_IP)
             builder = builder.config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.host", "127.0.0.1")
-            if settings.spark_lean_worker_path and os.environ.get("PYSPARK_PYTHON") == sys.executable:
-                # Only with this interpreter: another one may not have Eventide installed to start it.
+            if lean:
                 builder = builder.config("spark.python.daemon.module", "transforms.python_daemon")
         _session = _start_with_log(builder, settings)
         _session.sparkContext.setLogLevel("ERROR")
-        if local and (launcher := _lean_launcher(settings)):
+        if lean and (launcher := _lean_launcher()):
             # Read when a query wraps its functions: the Python processes Spark starts for them.
             _session.sparkContext.pythonExec = launcher
         if not local:
@@ -84,12 +84,16 @@ def get_spark(settings: Settings):
         return _session
 
 
-def _lean_launcher(settings: Settings) -> str | None:
-    """This venv's `eventide-spark-python` (transforms/python_launcher.py), when Spark's Python is this
-    interpreter and the lean path is on; else None (Spark starts PYSPARK_PYTHON as it is)."""
+def _spark_python_is_ours(settings: Settings) -> bool:
+    """The lean path is on and Spark's Python is this interpreter (another one may not have Eventide
+    installed to start its daemon and launcher)."""
+    return settings.spark_lean_worker_path and os.environ.get("PYSPARK_PYTHON") == sys.executable
+
+
+def _lean_launcher() -> str | None:
+    """This venv's `eventide-spark-python` (transforms/python_launcher.py), if installed next to it."""
     launcher = Path(sys.executable).with_name("eventide-spark-python")
-    ours = os.environ.get("PYSPARK_PYTHON") == sys.executable
-    return str(launcher) if settings.spark_lean_worker_path and ours and launcher.is_file() else None
+    return str(launcher) if launcher.is_file() else None
 
 
 _LOCAL_N = re.compile(r"local\[\s*([0-9]+|\*)\s*\]")
