@@ -67,6 +67,10 @@ class Settings:
     # Extra options for the driver's JVM (EVENTIDE_SPARK_JAVA_OPTIONS), e.g. the tests' -XX:TieredStopAtLevel=1:
     # short-lived JVMs spend less CPU compiling (measured: 12% less CPU for tests/transforms/test_lake.py).
     spark_java_options: str = ""
+    # Spark options of your own, applied after Eventide's (EVENTIDE_SPARK_CONF="key=value;key=value", split on
+    # ";" since values may hold commas), e.g. spark.executor.memory for a cluster. The tests turn off
+    # Spark's code generation with it (tests/conftest.py).
+    spark_conf: dict[str, str] = field(default_factory=dict)
     # Lake upkeep (transforms/lake/upkeep.py): VACUUM keeps the files of versions younger than this;
     # `serve` compacts and vacuums every upkeep_minutes (0 = never): at 1k msgs/s a query's table gains
     # a file per micro-batch (tens a minute), so a few minutes keep it well under a few hundred.
@@ -256,6 +260,10 @@ class Settings:
         log_kind(self.log)
         if self.state_layout not in ("bucket", "key"):
             raise ConfigError(f"EVENTIDE_STATE_LAYOUT={self.state_layout!r}: must be 'bucket' or 'key'")
+        bad_keys = sorted(k for k in self.spark_conf if not k.startswith("spark."))
+        if bad_keys:
+            raise ConfigError(f"EVENTIDE_SPARK_CONF: {bad_keys} are not Spark options (they start with 'spark.'); "
+                              "write it as key=value;key=value")
         bad_ports = {s: p for s, p in self.ports.items() if not 0 <= p < 65536}
         if bad_ports:
             raise ConfigError(f"EVENTIDE_PORTS: ports must be 0..65535 (0 = a free port), got {bad_ports}")
@@ -298,12 +306,13 @@ def _parse(name: str, raw: str) -> object:
     if kind == "float":
         return float(raw)
     if kind.startswith("dict"):
-        # `name=value,name=value`, e.g. EVENTIDE_PORTS="logs=7101,text=7104"
+        # `name=value,name=value`, e.g. EVENTIDE_PORTS="logs=7101,text=7104"; Spark's options by ";"
+        separator = ";" if name == "spark_conf" else ","
         out: dict[str, object] = {}
-        for item in filter(None, (p.strip() for p in raw.split(","))):
+        for item in filter(None, (p.strip() for p in raw.split(separator))):
             key, sep, value = item.partition("=")
             if not sep:
-                raise ValueError(f"expected name=value pairs separated by commas, got {item!r}")
+                raise ValueError(f"expected name=value pairs separated by {separator!r}, got {item!r}")
             out[key.strip()] = int(value) if kind == "dict[str, int]" else value.strip()
         return out
     return raw

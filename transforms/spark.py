@@ -70,6 +70,8 @@ def get_spark(settings: Settings):
             .config("spark.scheduler.mode", "FAIR")
         )
         builder = configure(builder)  # Delta Lake (delta-spark): the lake's reads and writes
+        for key, value in settings.spark_conf.items():  # the user's own (EVENTIDE_SPARK_CONF), last
+            builder = builder.config(key, value)
         if local:  # embedded: loopback only; a cluster's executors must reach the driver (SPARK_LOCAL_IP)
             builder = builder.config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.host", "127.0.0.1")
             if lean:

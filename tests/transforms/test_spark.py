@@ -169,3 +169,27 @@ print("RESULT", SparkContext._active_spark_context is not None, loaded)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=180,
                          cwd=Path(__file__).resolve().parents[2])
     assert "RESULT True []" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
+
+
+def test_spark_options_of_ones_own_are_read_split_on_semicolons(tmp_path):
+    env = {"EVENTIDE_HOME": str(tmp_path),
+           "EVENTIDE_SPARK_CONF": " spark.jars.packages=a:b:1,c:d:2 ; spark.driver.extraJavaOptions=-Da=b -Dc=d;"}
+    assert Settings.from_env(env).spark_conf == {"spark.jars.packages": "a:b:1,c:d:2",
+                                                 "spark.driver.extraJavaOptions": "-Da=b -Dc=d"}
+
+
+@pytest.mark.parametrize(("raw", "message"), [
+    ("spark.sql.codegen.wholeStage", "expected name=value pairs separated by ';'"),
+    ("sql.codegen.wholeStage=false", r"\['sql.codegen.wholeStage'\] are not Spark options"),
+])
+def test_a_malformed_spark_option_is_refused_with_its_variable(tmp_path, raw, message):
+    with pytest.raises(ConfigError, match=message):
+        Settings.from_env({"EVENTIDE_HOME": str(tmp_path), "EVENTIDE_SPARK_CONF": raw})
+
+
+@pytest.mark.spark
+def test_the_session_gets_the_options_of_ones_own_last(spark):
+    """The tests' own (tests/conftest.py) reach the session: Spark's code generation off."""
+    assert Settings().spark_conf["spark.sql.codegen.factoryMode"] == "NO_CODEGEN"
+    assert spark.conf.get("spark.sql.codegen.factoryMode") == "NO_CODEGEN"
+    assert spark.conf.get("spark.sql.codegen.wholeStage") == "false"
