@@ -55,8 +55,12 @@ $(BENCH_STAMP): pyproject.toml $(STAMP)
 demo: setup
 	$(VENV)/bin/eventide demo
 
+# The JVM's class cache (transforms/jvm_cache.py) is recorded before the tests, once per Java and jar set:
+# else the first JVM to start records it, the tests' long-lived shared session, and the others start
+# without it until that claim expires.
 test: setup $(CHROMIUM)
 	$(VENV)/bin/ruff check .
+	$(PY) -m transforms.jvm_cache
 	$(PY) -m pytest tests -n 2 --dist loadfile --no-loadscope-reorder -m 'not serial' --durations=25
 	$(PY) -m pytest tests -m serial
 

@@ -10,6 +10,11 @@ archive for about 10 s after the process. A later start that finds the recording
 into place once it is complete (see DYNAMIC_ARCHIVE_MAGIC: a recording cut short is thrown away and
 recorded again); starts in between run without an archive and do not record.
 The archive belongs to one Java binary and one jar set, so its name carries a hash of both.
+
+Left to itself, the first JVM records, and when that JVM lives long (the tests' shared session, a
+`serve`) nobody has the archive until it exits or its claim expires (15 min). `python -m
+transforms.jvm_cache` (run by `make test`) records it at once instead: a short run of a small keyed app
+on real Spark and Delta in a process of its own, then the archive is put in place when its JVM is gone.
 """
 
 from __future__ import annotations
@@ -60,21 +65,22 @@ def _complete(recording: Path) -> bool:
         return False
 
 
-def java_options(java_home: str | None, now: float | None = None) -> list[str]:
-    """The JVM options that use this Java's and pyspark's archive, or record one if nobody is."""
-    if not java_home:
-        return []
+def archive_path(java_home: str) -> Path:
+    """Where this Java's and jar set's archive lives (it may not exist yet)."""
     import pyspark
 
-    folder = cache_dir()
     from transforms.lake.session import jar_paths
 
     key = archive_key(java_home, Path(pyspark.__file__).parent / "jars", jar_paths())
-    archive = folder / f"jvm-classes-{key}.jsa"
+    return cache_dir() / f"jvm-classes-{key}.jsa"
+
+
+def _tidy(archive: Path, now: float) -> None:
+    """Put a finished recording in place; throw away one cut short (and its claim: record again) and
+    any left once the archive is there."""
     claim = archive.with_suffix(".claim")
-    now = time.time() if now is None else now
     # Each recorder writes its own file (a claim can expire while a long-lived JVM still records).
-    for recording in sorted(folder.glob(f"{archive.stem}.*.recording")):
+    for recording in sorted(archive.parent.glob(f"{archive.stem}.*.recording")):
         age = _age(recording, now)
         if age is None or age < FINISHED_AFTER_SECONDS:
             continue  # maybe still being written
@@ -87,6 +93,17 @@ def java_options(java_home: str | None, now: float | None = None) -> list[str]:
         if not archive.exists():
             claim.unlink(missing_ok=True)  # cut short (its JVM killed while writing): record again
         recording.unlink(missing_ok=True)
+
+
+def java_options(java_home: str | None, now: float | None = None) -> list[str]:
+    """The JVM options that use this Java's and pyspark's archive, or record one if nobody is."""
+    if not java_home:
+        return []
+    archive = archive_path(java_home)
+    folder = archive.parent
+    claim = archive.with_suffix(".claim")
+    now = time.time() if now is None else now
+    _tidy(archive, now)
     if archive.exists():
         claim.unlink(missing_ok=True)
         return [f"-XX:SharedArchiveFile={archive}"]
@@ -100,3 +117,89 @@ def java_options(java_home: str | None, now: float | None = None) -> list[str]:
     except OSError:
         return []  # another start claimed it first (or the cache folder is not writable)
     return [f"-XX:ArchiveClassesAtExit={folder / f'{archive.stem}.{os.getpid()}.recording'}"]
+
+
+# -- recording the archive now (`python -m transforms.jvm_cache`) ---------------------------------------
+def _recording_workload() -> None:
+    """Run in the recording process: what a run's JVM loads (a session, Arrow to Python and back, a
+    keyed state step in RocksDB, Delta's streaming and batch writes and reads); prints its JVM's pid."""
+    from transforms.api import Application, DeltaSink, decoder, source, state_computation
+    from transforms.spark import get_spark, stop_spark
+    from transforms.testing import run_app
+
+    @decoder
+    def decode(payload: bytes) -> dict:
+        key, value = payload.decode().split(",")
+        return {"key": key, "value": int(value)}
+
+    class Total:
+        def __init__(self):
+            self.value = 0
+
+    @state_computation("total", state=Total)
+    def total(message: dict, state: Total):
+        state.value += message["value"]
+        return {"key": message["key"], "total": state.value}
+
+    app = Application("jvm_cache_recording", source("numbers", decoder=decode).key_by("key").to(total)
+                      .to_sink(DeltaSink("totals", mode="upsert", keys=("key",))))
+    result = run_app(app, {"numbers": [f"k{i % 3},{i}" for i in range(30)] + ["not a number"]})
+    assert len(result.outputs("totals")) == 3, result.outputs("totals")
+    spark = get_spark(None)
+    print("JVM_PID", spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid(), flush=True)
+    stop_spark()
+
+
+def record_now(java_home: str, wait_seconds: float = 120.0, say=print) -> Path | None:
+    """The archive, recorded now by a short run in a process of its own if there is none; None if
+    another JVM holds the claim (it will be in place after that JVM exits) or the recording failed."""
+    import subprocess
+    import sys
+
+    archive = archive_path(java_home)
+    _tidy(archive, time.time())
+    if archive.exists():
+        return archive
+    say(f"recording the JVM's class cache {archive} (once per Java and jar set, about 30 s)")
+    env = {**os.environ, "JAVA_HOME": java_home, "EVENTIDE_JVM_CLASS_CACHE": "true"}
+    done = subprocess.run([sys.executable, "-c", "from transforms.jvm_cache import _recording_workload as w; w()"],
+                          env=env, capture_output=True, text=True, timeout=600)
+    pids = [int(line.split()[1]) for line in done.stdout.splitlines() if line.startswith("JVM_PID ")]
+    if done.returncode != 0 or not pids:
+        say(f"could not record the class cache (runs start without it): {(done.stderr or done.stdout)[-2000:]}")
+        return None
+    deadline = time.monotonic() + wait_seconds
+    while _alive(pids[0]) and time.monotonic() < deadline:  # the JVM writes the archive as it exits
+        time.sleep(0.2)
+    mine = [r for r in archive.parent.glob(f"{archive.stem}.*.recording") if _complete(r)]
+    if _alive(pids[0]) or not mine:
+        say("the class cache was not recorded (another JVM holds the claim, or the JVM is still writing it); "
+            "runs start without it until it is in place")
+        return None
+    os.replace(mine[0], archive)
+    archive.with_suffix(".claim").unlink(missing_ok=True)
+    return archive
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return Path(f"/proc/{pid}").exists() and "zombie" not in _state(pid)
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/status").read_text().split("State:", 1)[1].split("\n", 1)[0].lower()
+    except (OSError, IndexError):
+        return ""
+
+
+if __name__ == "__main__":
+    java_home = os.environ.get("JAVA_HOME", "/usr/lib/jvm/java-17-openjdk-amd64")
+    where = record_now(java_home)
+    if where is not None:
+        print(f"JVM class cache in place: {where}")
