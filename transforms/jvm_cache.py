@@ -152,7 +152,8 @@ def _recording_workload() -> None:
 
 def record_now(java_home: str, wait_seconds: float = 120.0, say=print) -> Path | None:
     """The archive, recorded now by a short run in a process of its own if there is none; None if
-    another JVM holds the claim (it will be in place after that JVM exits) or the recording failed."""
+    another JVM holds the claim (it will be in place after that JVM exits). RuntimeError if the run
+    failed: Spark or Delta does not work here."""
     import subprocess
     import sys
 
@@ -166,8 +167,8 @@ def record_now(java_home: str, wait_seconds: float = 120.0, say=print) -> Path |
                           env=env, capture_output=True, text=True, timeout=600)
     pids = [int(line.split()[1]) for line in done.stdout.splitlines() if line.startswith("JVM_PID ")]
     if done.returncode != 0 or not pids:
-        say(f"could not record the class cache (runs start without it): {(done.stderr or done.stdout)[-2000:]}")
-        return None
+        raise RuntimeError(f"the run that records the JVM's class cache failed, so Spark or Delta does not work "
+                           f"here; its output ends:\n{(done.stderr or done.stdout)[-3000:]}")
     deadline = time.monotonic() + wait_seconds
     while _alive(pids[0]) and time.monotonic() < deadline:  # the JVM writes the archive as it exits
         time.sleep(0.2)
@@ -199,7 +200,11 @@ def _state(pid: int) -> str:
 
 
 if __name__ == "__main__":
-    java_home = os.environ.get("JAVA_HOME", "/usr/lib/jvm/java-17-openjdk-amd64")
-    where = record_now(java_home)
+    import sys
+
+    try:
+        where = record_now(os.environ.get("JAVA_HOME", "/usr/lib/jvm/java-17-openjdk-amd64"))
+    except RuntimeError as e:
+        sys.exit(f"{e}\nFix that first (`make setup` resolves the jars); EVENTIDE_JVM_CLASS_CACHE=0 runs without the cache.")
     if where is not None:
         print(f"JVM class cache in place: {where}")
