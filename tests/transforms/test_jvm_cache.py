@@ -89,7 +89,7 @@ def test_a_jvm_given_a_recording_cut_short_starts_without_it(tmp_path):
 
 
 @pytest.mark.spark
-def test_recording_now_puts_an_archive_in_place_that_the_jvm_maps(cache):
+def test_recording_now_puts_an_archive_of_sparks_and_deltas_classes_in_place(cache):
     """`python -m transforms.jvm_cache` (make test runs it first): a short run in a process of its own
     records the archive and puts it in place once its JVM is gone; a second call finds it."""
     said = []
