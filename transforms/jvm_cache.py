@@ -157,6 +157,8 @@ def record_now(java_home: str, wait_seconds: float = 120.0, say=print) -> Path |
     import subprocess
     import sys
 
+    from transforms.processes import alive
+
     archive = archive_path(java_home)
     _tidy(archive, time.time())
     if archive.exists():
@@ -170,33 +172,16 @@ def record_now(java_home: str, wait_seconds: float = 120.0, say=print) -> Path |
         raise RuntimeError(f"the run that records the JVM's class cache failed, so Spark or Delta does not work "
                            f"here; its output ends:\n{(done.stderr or done.stdout)[-3000:]}")
     deadline = time.monotonic() + wait_seconds
-    while _alive(pids[0]) and time.monotonic() < deadline:  # the JVM writes the archive as it exits
+    while alive(pids[0]) and time.monotonic() < deadline:  # the JVM writes the archive as it exits
         time.sleep(0.2)
     mine = [r for r in archive.parent.glob(f"{archive.stem}.*.recording") if _complete(r)]
-    if _alive(pids[0]) or not mine:
+    if alive(pids[0]) or not mine:
         say("the class cache was not recorded (another JVM holds the claim, or the JVM is still writing it); "
             "runs start without it until it is in place")
         return None
     os.replace(mine[0], archive)
     archive.with_suffix(".claim").unlink(missing_ok=True)
     return archive
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return Path(f"/proc/{pid}").exists() and "zombie" not in _state(pid)
-
-
-def _state(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/status").read_text().split("State:", 1)[1].split("\n", 1)[0].lower()
-    except (OSError, IndexError):
-        return ""
 
 
 if __name__ == "__main__":

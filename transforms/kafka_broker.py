@@ -327,14 +327,6 @@ def _children(pid: int) -> list[int]:
     return found
 
 
-def alive(pid: int) -> bool:
-    """Whether `pid` is a live process (a zombie is not)."""
-    try:
-        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
 def _default_signals() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
