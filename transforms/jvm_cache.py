@@ -123,8 +123,10 @@ def java_options(java_home: str | None, now: float | None = None) -> list[str]:
 def _recording_workload() -> None:
     """Run in the recording process: what a run's JVM loads (a session, Arrow to Python and back, a
     keyed state step in RocksDB, Delta's streaming and batch writes and reads); prints its JVM's pid."""
+    from pyspark.sql import SparkSession
+
     from transforms.api import Application, DeltaSink, decoder, source, state_computation
-    from transforms.spark import get_spark, stop_spark
+    from transforms.spark import stop_spark
     from transforms.testing import run_app
 
     @decoder
@@ -145,7 +147,7 @@ def _recording_workload() -> None:
                       .to_sink(DeltaSink("totals", mode="upsert", keys=("key",))))
     result = run_app(app, {"numbers": [f"k{i % 3},{i}" for i in range(30)] + ["not a number"]})
     assert len(result.outputs("totals")) == 3, result.outputs("totals")
-    spark = get_spark(None)
+    spark = SparkSession.getActiveSession()  # the one run_app started
     print("JVM_PID", spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid(), flush=True)
     stop_spark()
 
