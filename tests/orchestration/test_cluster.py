@@ -96,39 +96,68 @@ def _on(cluster) -> dict:
                                    "pyspark-shell"}
 
 
-def test_a_standalone_cluster_gives_the_tables_of_local_mode(landed, tmp_path):
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """One standalone cluster (a master, two workers) for the module: the tests below take turns on it,
+    the worker-kill test last. Checked at the end for processes left behind by the cluster."""
+    folder = tmp_path_factory.mktemp("standalone")
+    with standalone_cluster(folder, workers=2) as running:
+        yield running
+    assert leftover_pids(running.marker) == []
+
+
+def _none_left(marker: str, seconds: float = 30.0) -> list[str]:
+    """The run's processes still alive after `seconds` (pid: command line): an executor the cluster still
+    runs stops a moment after its driver has gone (the cluster stays up for the next test)."""
+    deadline = time.monotonic() + seconds
+    while (left := leftover_pids(marker)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return [f"{pid}: {_cmdline(pid)}" for pid in left]
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:300]
+    except OSError:
+        return "(gone)"
+
+
+def _executor_logs(cluster) -> set[Path]:
+    return set(cluster.tmp.glob("work-*/app-*/*/stderr"))
+
+
+def test_a_standalone_cluster_gives_the_tables_of_local_mode(landed, cluster, tmp_path):
     app_dir, landed_home, expected = landed
     home = _copy(landed_home, tmp_path / "home")
     marker = uuid.uuid4().hex
-    with standalone_cluster(tmp_path / "cluster", workers=2) as cluster:
-        out = _done(_eventide(["run"], app_dir, home, marker, **_on(cluster)))
-        # The executors did the work: both workers ran an executor for the run's application.
-        executors = list((tmp_path / "cluster").glob("work-*/app-*/*/stderr"))
-        assert len({p.parts[-4] for p in executors}) == 2, (executors, out[-3000:])
-        cluster_marker = cluster.marker
+    before = _executor_logs(cluster)
+    out = _done(_eventide(["run"], app_dir, home, marker, **_on(cluster)))
+    # The executors did the work: both workers ran an executor for the run's application.
+    executors = _executor_logs(cluster) - before
+    assert len({p.parts[-4] for p in executors}) == 2, (executors, out[-3000:])
     assert _tables(home) == expected, out[-3000:]
     assert _written_by_delta_spark(home) == sorted(expected)
-    assert leftover_pids(cluster_marker) == [] and leftover_pids(marker) == []
+    assert _none_left(marker) == []
 
 
-def test_a_worker_killed_mid_run_loses_and_duplicates_nothing(landed, tmp_path):
+def test_a_worker_killed_mid_run_loses_and_duplicates_nothing(landed, cluster, tmp_path):
+    """Last in the module: it kills one of the shared cluster's workers."""
     app_dir, landed_home, expected = landed
     home = _copy(landed_home, tmp_path / "home")
     marker = uuid.uuid4().hex
-    with standalone_cluster(tmp_path / "cluster", workers=2) as cluster:
-        run = _eventide(["run"], app_dir, home, marker, **_on(cluster))
-        # Mid-run: some tables committed, the others still to come.
-        deadline = time.monotonic() + 300
-        while not lake.exists(home / "lake" / "bronze_market_data") and time.monotonic() < deadline and run.poll() is None:
-            time.sleep(0.2)
-        assert run.poll() is None, "the run ended before the worker could be killed"
-        cluster.workers[0].kill()  # the worker, its executor and its Python workers: a lost machine
-        out, _ = run.communicate(timeout=400)
-        if run.returncode != 0:  # allowed, with a message that says what happened
-            assert "error" in out.lower() or "failed" in out.lower(), out[-3000:]
-        # Whatever the first run did, a rerun (on the worker left) completes the tables exactly.
-        _done(_eventide(["run"], app_dir, home, marker, **_on(cluster)))
-        cluster_marker = cluster.marker
+    assert len(cluster.alive_workers()) == 2
+    run = _eventide(["run"], app_dir, home, marker, **_on(cluster))
+    # Mid-run: some tables committed, the others still to come.
+    deadline = time.monotonic() + 300
+    while not lake.exists(home / "lake" / "bronze_market_data") and time.monotonic() < deadline and run.poll() is None:
+        time.sleep(0.2)
+    assert run.poll() is None, "the run ended before the worker could be killed"
+    cluster.workers[0].kill()  # the worker, its executor and its Python workers: a lost machine
+    out, _ = run.communicate(timeout=400)
+    if run.returncode != 0:  # allowed, with a message that says what happened
+        assert "error" in out.lower() or "failed" in out.lower(), out[-3000:]
+    # Whatever the first run did, a rerun (on the worker left) completes the tables exactly.
+    _done(_eventide(["run"], app_dir, home, marker, **_on(cluster)))
     assert _tables(home) == expected
     assert _written_by_delta_spark(home) == sorted(p.name for p in (home / "lake").iterdir() if lake.exists(p))
-    assert leftover_pids(cluster_marker) == [] and leftover_pids(marker) == []
+    assert _none_left(marker) == []
