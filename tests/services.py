@@ -13,6 +13,18 @@ import threading
 import time
 from pathlib import Path
 
+# What tests/conftest.py sets to make the tests' JVMs cheaper: kept in every process a test starts, also
+# where it gives the process a clean EVENTIDE_ environment.
+TEST_SPEED_SETTINGS = ("EVENTIDE_SPARK_JAVA_OPTIONS", "EVENTIDE_SPARK_CONF")
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """This process's environment without its EVENTIDE_ settings (each test names its own), except the
+    tests' JVM speed settings; plus `extra`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EVENTIDE_") or k in TEST_SPEED_SETTINGS}
+    return {**env, **extra}
+
+
 SERVE = (
     "from transforms.ingestion.gateway import serve_forever; from transforms.settings import Settings; "
     "serve_forever(Settings.from_env(), progress_interval=0.2)"

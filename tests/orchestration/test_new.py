@@ -4,7 +4,6 @@ apps, ingest, run, show, and the scaffolded test file itself (it uses `transform
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,13 +11,14 @@ from pathlib import Path
 import pytest
 
 from orchestration.scaffold import files_for, scaffold
+from tests.services import clean_env
 from transforms.settings import ConfigError
 
 EVENTIDE = str(Path(sys.executable).parent / "eventide")
 
 
 def _eventide(folder: Path, *args: str, **extra: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("EVENTIDE_")}
+    env = clean_env()
     env.update(EVENTIDE_HOME=str(folder / "home"), DAGSTER_HOME=str(folder / "home" / "dagster"), **extra)
     return subprocess.run([EVENTIDE, *args], cwd=folder, env=env, capture_output=True, text=True, timeout=300)
 
@@ -59,7 +59,7 @@ def test_new_app_ingests_runs_and_shows(tmp_path):
     # The scaffolded tests pass, run as a user would, from the folder (Spark's Python workers must
     # import the app module, so not in this process).
     tested = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_sensors.py"],
-                            cwd=tmp_path, env={k: v for k, v in os.environ.items() if not k.startswith("EVENTIDE_")},
+                            cwd=tmp_path, env=clean_env(),
                             capture_output=True, text=True, timeout=300)
     assert tested.returncode == 0, tested.stdout[-3000:] + tested.stderr[-2000:]
     assert "2 passed" in tested.stdout

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.services import clean_env
 from tests.tcp import Receiver
 
 REPO = Path(__file__).resolve().parents[2]
@@ -99,7 +100,7 @@ def _frame(payload: bytes) -> bytes:
 
 
 def _env(tmp_path: Path, **extra) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("EVENTIDE_")}
+    env = clean_env()
     env.update(EVENTIDE_HOME=str(tmp_path / "home"), EVENTIDE_APPS="thermo_app:app", PYTHONPATH=str(tmp_path),
                DAGSTER_HOME=str(tmp_path / "home" / "dagster"), **extra)
     return env

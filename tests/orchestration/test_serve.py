@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import sys
@@ -15,7 +14,7 @@ import pytest
 from examples.market import MARKET_STATE_TABLE as STATE_TABLE
 from examples.market import ORDER_REJECTIONS_TABLE
 from examples.market_decoder import Order, encode_order, parse_order_result
-from tests.services import Service
+from tests.services import Service, clean_env
 from tests.tcp import Receiver
 from transforms import lake
 from transforms.ingestion.framing import DEFAULT_FRAMING
@@ -38,7 +37,7 @@ def _free_port() -> int:
 
 
 def _env(home: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("EVENTIDE_")}
+    env = clean_env()
     return {**env, "EVENTIDE_HOME": str(home), **extra}
 
 

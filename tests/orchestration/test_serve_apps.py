@@ -5,7 +5,6 @@ what `eventide apps` says about it. Real processes, real sockets; no JVM."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -13,7 +12,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from tests.services import Service
+from tests.services import Service, clean_env
 from transforms.ingestion.gateway import record_ports, running_gateway, state_path
 from transforms.ingestion.landing import read_landed
 from transforms.settings import Settings
@@ -45,7 +44,7 @@ def _folder(tmp_path: Path) -> Path:
 
 
 def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("EVENTIDE_")}
+    env = clean_env()
     return {**env, "EVENTIDE_HOME": str(tmp_path / "home"), **extra}
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import signal
 import sys
 import time
@@ -15,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import DATA
-from tests.services import Service
+from tests.services import Service, clean_env
 from transforms import lake
 from transforms.ingestion import kafka_log
 from transforms.ingestion.gateway import GatewayThread
@@ -59,7 +58,7 @@ def test_serve_over_a_broker_stopped_and_started_again_then_a_kill_9_loses_and_d
     folder, home = tmp_path / "kafka", tmp_path / "home"
     broker = start_broker(folder)
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("EVENTIDE_")}
+    env = clean_env()
     env.update(EVENTIDE_HOME=str(home), EVENTIDE_LOG=f"kafka://{broker.bootstrap_servers}",
                EVENTIDE_APPS="examples.words:app", EVENTIDE_PORTS=f"text={port}", EVENTIDE_SINK_WORD_COUNT_TCP="off",
                EVENTIDE_BRONZE_TRIGGER_INTERVAL="1", EVENTIDE_UPKEEP_MINUTES="0")

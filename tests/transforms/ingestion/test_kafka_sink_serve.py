@@ -6,7 +6,6 @@ once. A real broker (`eventide kafka`), real processes; no mocks."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import sys
 import time
@@ -16,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import DATA
-from tests.services import Service
+from tests.services import Service, clean_env
 from transforms.ingestion.sender import send_files
 from transforms.kafka_broker import free_port
 from transforms.testing import committed_records
@@ -36,7 +35,7 @@ def expected_records(copies: int) -> Counter:
 
 def test_a_kill_9_of_serve_while_records_flow_leaves_every_record_once(broker, tmp_path):
     home, port, topic = tmp_path / "home", free_port(), "word_lines"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("EVENTIDE_")}
+    env = clean_env()
     env.update(EVENTIDE_HOME=str(home), EVENTIDE_APPS="examples.words:app", EVENTIDE_PORTS=f"text={port}",
                EVENTIDE_SINK_WORD_COUNT_TCP=f"kafka://{broker.bootstrap_servers}/{topic}",
                EVENTIDE_UPKEEP_MINUTES="0")

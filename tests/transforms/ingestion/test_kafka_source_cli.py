@@ -6,7 +6,6 @@ upstream asset: no landing, no bronze), `show` gives the exact table. A real bro
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.services import clean_env
 from tests.transforms.ingestion.test_kafka_source import TIMESTAMP_MS, produce
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(300)]
@@ -57,7 +57,7 @@ app = Application(
 
 
 def _eventide(folder: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("EVENTIDE_")}
+    env = clean_env()
     env.update(EVENTIDE_HOME=str(folder / "home"), EVENTIDE_APPS="ktrades_app:app")
     done = subprocess.run([EVENTIDE, *args], cwd=folder, env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, f"eventide {' '.join(args)}: {done.stdout}\n{done.stderr}"
