@@ -90,6 +90,13 @@ LONGEST_FIRST = [
     "tests/transforms/ingestion/test_kafka_source_cli.py",
     "tests/transforms/ingestion/test_kafka_source.py",
     "tests/orchestration/test_ui_backfill.py",
+    # 45-72 s each in the 2026-11-29 suite, and not above: they went after the short files.
+    "tests/orchestration/test_serve_ui.py",
+    "tests/transforms/ingestion/test_kafka_log.py",
+    "tests/orchestration/test_failure_isolation.py",
+    "tests/transforms/test_own_session.py",
+    "tests/orchestration/test_own_app.py",
+    "tests/transforms/test_market_batch.py",
 ]
 
 
