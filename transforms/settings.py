@@ -70,7 +70,7 @@ class Settings:
     # Spark options of your own, applied after Eventide's (EVENTIDE_SPARK_CONF="key=value;key=value", split on
     # ";" since values may hold commas), e.g. spark.executor.memory for a cluster. The tests turn off
     # Spark's code generation with it (tests/conftest.py).
-    spark_conf: dict[str, str] = field(default_factory=dict)
+    spark_conf: dict[str, str] = field(default_factory=dict, metadata={"separator": ";"})
     # Lake upkeep (transforms/lake/upkeep.py): VACUUM keeps the files of versions younger than this;
     # `serve` compacts and vacuums every upkeep_minutes (0 = never): at 1k msgs/s a query's table gains
     # a file per micro-batch (tens a minute), so a few minutes keep it well under a few hundred.
@@ -291,7 +291,8 @@ def _read_env(env) -> dict[str, object]:
 
 
 def _parse(name: str, raw: str) -> object:
-    kind = {f.name: f.type for f in dataclasses.fields(Settings)}[name]
+    spec = {f.name: f for f in dataclasses.fields(Settings)}[name]
+    kind = spec.type
     if kind == "Path":
         return Path(raw).expanduser()
     if kind == "bool":
@@ -306,8 +307,8 @@ def _parse(name: str, raw: str) -> object:
     if kind == "float":
         return float(raw)
     if kind.startswith("dict"):
-        # `name=value,name=value`, e.g. EVENTIDE_PORTS="logs=7101,text=7104"; Spark's options by ";"
-        separator = ";" if name == "spark_conf" else ","
+        # `name=value,name=value`, e.g. EVENTIDE_PORTS="logs=7101,text=7104"; a field may name another separator
+        separator = spec.metadata.get("separator", ",")
         out: dict[str, object] = {}
         for item in filter(None, (p.strip() for p in raw.split(separator))):
             key, sep, value = item.partition("=")
