@@ -18,11 +18,10 @@ from pathlib import Path
 TEST_SPEED_SETTINGS = ("EVENTIDE_SPARK_JAVA_OPTIONS", "EVENTIDE_SPARK_CONF")
 
 
-def clean_env(**extra: str) -> dict[str, str]:
+def clean_env() -> dict[str, str]:
     """This process's environment without its EVENTIDE_ settings (each test names its own), except the
-    tests' JVM speed settings; plus `extra`."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("EVENTIDE_") or k in TEST_SPEED_SETTINGS}
-    return {**env, **extra}
+    tests' JVM speed settings."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("EVENTIDE_") or k in TEST_SPEED_SETTINGS}
 
 
 SERVE = (
