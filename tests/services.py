@@ -58,6 +58,17 @@ class Service:
         self._reader.start()
         Service.live.append(self)
 
+    def java_command_lines(self) -> list[str]:
+        """The command lines of the JVMs in the service's session (Spark's driver and its launcher)."""
+        lines = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            with contextlib.suppress(OSError):
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+                cmdline = (stat.parent / "cmdline").read_bytes().split(b"\0")
+                if int(fields[3]) == self.proc.pid and cmdline[0].endswith(b"java"):
+                    lines.append(b" ".join(cmdline).decode(errors="replace"))
+        return lines
+
     def kill_all(self) -> None:
         """SIGKILL to the service's whole session (its JVM and Python workers too), if any is left."""
         with contextlib.suppress(ProcessLookupError):

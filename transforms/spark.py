@@ -108,12 +108,25 @@ def with_task_attempts(master: str, attempts: int) -> str:
     return f"local[{m.group(1)},{attempts}]" if m and attempts > 1 else master
 
 
+# HotSpot's C2 (tier 4) thresholds, 20 times Java 17's defaults. A JVM of `eventide run` lives for seconds to
+# minutes and runs a great deal of Spark's and Delta's code a few thousand times: by default C2 compiled all of
+# it, 20-27 of the 70-100 CPU-s of a cold 1M-line run on 2 cores, more than the run's own tasks. The per-row
+# loops still reach C2 within seconds (10M lines: 252 CPU-s and 140.6 s with these against 271 and 145.5).
+# bench/README.md, issue L's seventh sitting.
+JIT_HOT_ONLY = ("-XX:Tier4InvocationThreshold=100000", "-XX:Tier4MinInvocationThreshold=12000",
+                "-XX:Tier4CompileThreshold=300000", "-XX:Tier4BackEdgeThreshold=800000")
+
+
 def _driver_java_options(settings: Settings) -> list[str]:
+    """Eventide's options for the driver's JVM, then the user's (EVENTIDE_SPARK_JAVA_OPTIONS): of a flag
+    given twice, Java takes the last."""
     options = [f"-Dderby.system.home={(settings.home / 'derby').absolute()}"]
     if settings.jvm_class_cache:
         from transforms.jvm_cache import java_options
 
         options += java_options(os.environ.get("JAVA_HOME"))
+    if settings.jvm_c2_hot_only:
+        options += JIT_HOT_ONLY
     return options + shlex.split(settings.spark_java_options)
 
 

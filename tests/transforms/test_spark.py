@@ -12,7 +12,7 @@ import pytest
 
 from transforms.python_daemon import lean_path
 from transforms.settings import ConfigError, Settings
-from transforms.spark import with_task_attempts
+from transforms.spark import JIT_HOT_ONLY, _driver_java_options, with_task_attempts
 
 
 @pytest.mark.parametrize(("master", "attempts", "expected"), [
@@ -193,3 +193,42 @@ def test_the_session_gets_the_options_of_ones_own_last(spark):
     assert Settings().spark_conf["spark.sql.codegen.factoryMode"] == "NO_CODEGEN"
     assert spark.conf.get("spark.sql.codegen.factoryMode") == "NO_CODEGEN"
     assert spark.conf.get("spark.sql.codegen.wholeStage") == "false"
+
+
+def _flag(name: str, options: list[str]) -> str | None:
+    """The value Java takes for `-XX:name=...`: the last one given."""
+    values = [o.split("=", 1)[1] for o in options if o.startswith(f"-XX:{name}=")]
+    return values[-1] if values else None
+
+
+def test_c2_compiles_only_hot_code_unless_turned_off_or_overridden(tmp_path):
+    """settings.jvm_c2_hot_only: the driver JVM gets C2 thresholds 20 times Java's; the user's own
+    options come after them, so a threshold of one's own wins."""
+    on = _driver_java_options(Settings(home=tmp_path, jvm_class_cache=False))
+    assert _flag("Tier4InvocationThreshold", on) == "100000"
+    assert _flag("Tier4BackEdgeThreshold", on) == "800000"
+    off = _driver_java_options(Settings(home=tmp_path, jvm_class_cache=False, jvm_c2_hot_only=False))
+    assert not [o for o in off if o.startswith("-XX:Tier4")]
+    own = _driver_java_options(Settings(home=tmp_path, jvm_class_cache=False,
+                                        spark_java_options="-XX:Tier4InvocationThreshold=5000"))
+    assert _flag("Tier4InvocationThreshold", own) == "5000"
+    assert Settings.from_env({"EVENTIDE_HOME": str(tmp_path), "EVENTIDE_JVM_C2_HOT_ONLY": "0"}).jvm_c2_hot_only is False
+
+
+def test_this_java_takes_the_c2_thresholds():
+    """A flag this Java does not know (or a typo) would stop every JVM from starting."""
+    java = Path(os.environ["JAVA_HOME"]) / "bin" / "java"
+    out = subprocess.run([str(java), *JIT_HOT_ONLY, "-XX:+PrintFlagsFinal", "-version"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    final = {line.split()[1]: line.split()[3] for line in out.stdout.splitlines() if "Tier4" in line}
+    assert {k: final[k] for k in ("Tier4InvocationThreshold", "Tier4MinInvocationThreshold",
+                                  "Tier4CompileThreshold", "Tier4BackEdgeThreshold")} == \
+        {"Tier4InvocationThreshold": "100000", "Tier4MinInvocationThreshold": "12000",
+         "Tier4CompileThreshold": "300000", "Tier4BackEdgeThreshold": "800000"}
+
+
+@pytest.mark.spark
+def test_the_sessions_jvm_runs_with_the_c2_thresholds(spark):
+    arguments = list(spark._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments())
+    assert set(JIT_HOT_ONLY) <= set(arguments), arguments
