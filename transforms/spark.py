@@ -110,7 +110,7 @@ def with_task_attempts(master: str, attempts: int) -> str:
 
 # HotSpot's C2 (tier 4) thresholds, 20 times Java 17's defaults. A JVM of `eventide run` lives for seconds to
 # minutes and runs a great deal of Spark's and Delta's code a few thousand times: by default C2 compiled all of
-# it, 20-27 of the 70-100 CPU-s of a cold 1M-line run on 2 cores, more than the run's own tasks. The per-row
+# it: 27 of the 95 busy CPU-s of a cold 1M-line run on 2 cores, more than the run's own tasks. The per-row
 # loops still reach C2 within seconds (10M lines: 252 CPU-s and 140.6 s with these against 271 and 145.5).
 # bench/README.md, issue L's seventh sitting.
 JIT_HOT_ONLY = ("-XX:Tier4InvocationThreshold=100000", "-XX:Tier4MinInvocationThreshold=12000",
