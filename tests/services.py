@@ -13,6 +13,8 @@ import threading
 import time
 from pathlib import Path
 
+from transforms.processes import local_processes
+
 # What tests/conftest.py sets to make the tests' JVMs cheaper: kept in every process a test starts, also
 # where it gives the process a clean EVENTIDE_ environment.
 TEST_SPEED_SETTINGS = ("EVENTIDE_SPARK_JAVA_OPTIONS", "EVENTIDE_SPARK_CONF")
@@ -61,12 +63,9 @@ class Service:
     def java_command_lines(self) -> list[str]:
         """The command lines of the JVMs in the service's session (Spark's driver and its launcher)."""
         lines = []
-        for stat in Path("/proc").glob("[0-9]*/stat"):
-            with contextlib.suppress(OSError):
-                fields = stat.read_text().rsplit(")", 1)[1].split()
-                cmdline = (stat.parent / "cmdline").read_bytes().split(b"\0")
-                if int(fields[3]) == self.proc.pid and cmdline[0].endswith(b"java"):
-                    lines.append(b" ".join(cmdline).decode(errors="replace"))
+        for process in local_processes():
+            if process.ppid == self.proc.pid and (cmdline := process.cmdline()) and cmdline[0].endswith(b"java"):
+                lines.append(b" ".join(cmdline).decode(errors="replace"))
         return lines
 
     def kill_all(self) -> None:

@@ -29,6 +29,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from transforms.processes import local_processes
+
 JAVA_17 = "/usr/lib/jvm/java-17-openjdk-amd64"
 MARKER = "EVENTIDE_TEST_CLUSTER"
 # JVM options of the test daemons: the client compiler only and a serial GC start a JVM several times
@@ -159,19 +161,7 @@ def _group_alive(pgid: int) -> bool:
 def leftover_pids(marker: str) -> list[int]:
     """Live processes (zombies excluded) whose environment carries `marker`: started by a harness run."""
     needle = f"{MARKER}={marker}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            if needle not in (entry / "environ").read_bytes().split(b"\0"):
-                continue
-            stat = (entry / "stat").read_text()
-        except OSError:  # gone, or not ours
-            continue
-        if stat.rsplit(")", 1)[1].split()[0] != "Z":
-            found.append(int(entry.name))
-    return found
+    return [p.pid for p in local_processes() if p.pid != os.getpid() and not p.zombie and needle in p.environ()]
 
 
 def _kill_leftovers(marker: str, timeout: float = 10.0) -> None:

@@ -35,6 +35,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from transforms.processes import live_children
+
 KAFKA_VERSION = "4.1.1"  # org.apache.kafka:kafka_2.13, jvm/kafka/pom.xml
 KAFKA_JARS_ENV = "EVENTIDE_KAFKA_JARS"
 JAVA_OPTS_ENV = "EVENTIDE_KAFKA_JAVA_OPTS"
@@ -312,21 +314,6 @@ def _announce(proc: subprocess.Popen, port: int, say: Callable[[str], None]) -> 
 
 
 # -- a broker for tests ---------------------------------------------------------------------------------
-def _children(pid: int) -> list[int]:
-    """Live child processes of `pid` (zombies left out), from /proc."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            state, ppid = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:2]
-        except (OSError, ValueError):
-            continue
-        if int(ppid) == pid and state != "Z":
-            found.append(int(entry.name))
-    return found
-
-
 def _default_signals() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
@@ -379,7 +366,7 @@ class BrokerProcess:
                 except Exception:  # KafkaException: not answering yet
                     pass
             time.sleep(0.2)
-        javas = [p for p in _children(self.pid) if _comm(p) == "java"]
+        javas = [p for p in live_children(self.pid) if _comm(p) == "java"]
         self.java_pid = javas[0] if javas else None
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int:

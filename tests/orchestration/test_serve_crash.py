@@ -30,6 +30,7 @@ from tests.transforms.test_logs_app import expected_summary, log_messages, summa
 from transforms import lake
 from transforms.ingestion.framing import DEFAULT_FRAMING, LANDED_ACK
 from transforms.ingestion.landing import list_segments, read_landed
+from transforms.processes import local_processes
 from transforms.settings import Settings
 
 EVENTIDE = str(Path(sys.executable).parent / "eventide")
@@ -92,15 +93,8 @@ def _table(home: Path, name: str) -> list[dict]:
 
 
 def _sender_processes(home: Path) -> list[str]:
-    found = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            args = cmdline.read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"transforms.tcp_relay" in args and any(str(home).encode() in a for a in args):
-            found.append(cmdline.parent.name)
-    return found
+    return [str(p.pid) for p in local_processes()
+            if b"transforms.tcp_relay" in (args := p.cmdline()) and any(str(home).encode() in a for a in args)]
 
 
 def _start(env, tmp_path) -> Service:
