@@ -47,6 +47,27 @@ def spark(tmp_path_factory):
     stop_spark()
 
 
+# What Eventide's own code sets in its process's environment: the CLI (`--app`, `--close-windows`, serve's
+# JIT default) and `run_all` (the homes, for Dagster's resources).
+LEFT_BY_THE_CLI = ("EVENTIDE_", "DAGSTER_HOME")
+
+
+def _eventide_environment() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k.startswith(LEFT_BY_THE_CLI)}
+
+
+@pytest.fixture(autouse=True)
+def _environment_restored():
+    """A test that calls the CLI or `run_all` in process leaves their variables in this worker's environment,
+    and a later test's Settings() would read them (a `serve` left EVENTIDE_JVM_C2_HOT_ONLY=0 for the next
+    test on its worker): each test ends with Eventide's variables as it found them."""
+    before = _eventide_environment()
+    yield
+    for key in _eventide_environment().keys() - before.keys():
+        del os.environ[key]
+    os.environ.update(before)
+
+
 @pytest.fixture(autouse=True)
 def _no_service_left_running():
     """A service a test started and did not stop (it failed first) is killed after it, with its JVM: else
