@@ -1,9 +1,19 @@
-# Estimate: bronze for 1M landed log lines, decode in Python (Eventide's bronze app) or in Spark SQL expressions.
-import sys, time, shutil, os
+"""Issue L's ninth sitting: bronze for landed log lines with the decode in Python (Eventide's bronze
+application) or in Spark SQL expressions, one cold process each (issue-l-2026-11-29c.txt).
+
+    EVENTIDE_HOME=<a copy of a landed home> EVENTIDE_APPS=examples.logs:app \
+        python bench/results/issue-l-2026-11-29-sql-decode-estimate.py python|sql|sqlsplit
+
+An estimate, not Eventide's code: the SQL forms skip the quarantine and the one-line form's checks."""
+
+import sys
+import time
+
 T0 = time.time()
-mode, home = sys.argv[1], sys.argv[2]
-from transforms.settings import Settings
-from transforms.spark import get_spark
+mode = sys.argv[1]
+from transforms.settings import Settings  # noqa: E402 - after T0: the imports count
+from transforms.spark import get_spark  # noqa: E402
+
 s = Settings.from_env()
 spark = get_spark(s)
 t1 = time.time()
@@ -14,6 +24,7 @@ if mode == "python":
     n = sum(r.input_rows for r in reps)
 else:
     from pyspark.sql import functions as F
+
     from transforms.ingestion.landing import LANDING_DDL
     src = (spark.readStream.schema(LANDING_DDL).option("basePath", str(s.home.absolute()))
            .parquet(str((s.landing / "logs").absolute())))
