@@ -204,7 +204,7 @@ def _flag(name: str, options: list[str]) -> str | None:
 def test_c2_compiles_only_hot_code_unless_turned_off_or_overridden(tmp_path, monkeypatch):
     """settings.jvm_c2_hot_only: the driver JVM gets C2 thresholds 20 times Java's; the user's own
     options come after them, so a threshold of one's own wins."""
-    # Settings() reads the environment: the default is what is asserted, whatever an earlier test set.
+    # Settings() reads the environment: the default is what is asserted, whatever the shell running the tests set.
     monkeypatch.delenv("EVENTIDE_JVM_C2_HOT_ONLY", raising=False)
     on = _driver_java_options(Settings(home=tmp_path, jvm_class_cache=False))
     assert _flag("Tier4InvocationThreshold", on) == "100000"

@@ -140,10 +140,6 @@ def test_a_broker_that_is_not_there_is_a_clear_error(settings, monkeypatch, caps
     monkeypatch.setenv("EVENTIDE_LOG", f"kafka://127.0.0.1:{port}")
     # Each command waits for the broker this long before saying so (5 s; 1 s here, five commands).
     monkeypatch.setattr("transforms.ingestion.kafka_log.CHECK_TIMEOUT_SECONDS", 1.0)
-    # `serve` sets EVENTIDE_JVM_C2_HOT_ONLY=0 in this process (orchestration/cli.py): recorded here so the
-    # test's end takes it away again instead of leaving it to the next tests of this worker.
-    monkeypatch.setenv("EVENTIDE_JVM_C2_HOT_ONLY", "")
-    monkeypatch.delenv("EVENTIDE_JVM_C2_HOT_ONLY")
     started = time.monotonic()
     for argv in (["ingest", "text", str(WORDS)], ["run"], ["serve"]):
         assert main(argv) == 2
