@@ -58,10 +58,12 @@ demo: setup
 # The JVM's class cache (transforms/jvm_cache.py) is recorded before the tests, once per Java and jar set:
 # else the first JVM to start records it, the tests' long-lived shared session, and the others start
 # without it until that claim expires. Two xdist workers: the suite keeps both cores busy (3 workers: 28 min 9 s
-# against 29 min 0 s, 2026-11-29).
+# against 29 min 0 s, 2026-11-29). The project's bytecode is written first: hundreds of Python processes (runs,
+# services, Spark's workers) import it, and under PYTHONDONTWRITEBYTECODE each would compile it again.
 test: setup $(CHROMIUM)
 	$(VENV)/bin/ruff check .
 	$(PY) -m transforms.jvm_cache
+	@$(PY) -m compileall -q transforms orchestration assets examples windows
 	$(PY) -m pytest tests -n 2 --dist loadfile --no-loadscope-reorder -m 'not serial' --durations=25
 	$(PY) -m pytest tests -m serial
 
