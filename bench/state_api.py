@@ -31,10 +31,16 @@ def _processors():
 
     state = StructType([StructField("n", LongType())])
 
-    class PandasForm(StatefulProcessor):
+    class Counting(StatefulProcessor):
+        """A counter per group in a value state; the two forms differ only in how rows come and go."""
+
         def init(self, handle):
             self.count = handle.getValueState("n", state)
 
+        def close(self):
+            pass
+
+    class PandasForm(Counting):
         def handleInputRows(self, key, rows, timerValues):
             n = self.count.get()[0] if self.count.exists() else 0
             for frame in rows:
@@ -43,22 +49,13 @@ def _processors():
                 n += k
             self.count.update((n,))
 
-        def close(self):
-            pass
-
-    class RowForm(StatefulProcessor):
-        def init(self, handle):
-            self.count = handle.getValueState("n", state)
-
+    class RowForm(Counting):
         def handleInputRows(self, key, rows, timerValues):
             n = self.count.get()[0] if self.count.exists() else 0
             for row in rows:
                 n += 1
                 yield Row(bucket=row.bucket, n=n, payload=row.payload)
             self.count.update((n,))
-
-        def close(self):
-            pass
 
     return {"pandas": PandasForm, "row": RowForm}
 
