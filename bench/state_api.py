@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -75,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     from pyspark.sql import SparkSession
     from pyspark.sql.types import BinaryType, IntegerType, LongType, StructField, StructType
 
+    from transforms.spark import ROCKSDB
+
     root = Path(tempfile.mkdtemp(prefix="eventide-state-api-"))
     try:
         (root / "in").mkdir()
@@ -84,8 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         }), root / "in" / "part-0.parquet")
         spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
                  .config("spark.sql.shuffle.partitions", "2")
-                 .config("spark.sql.streaming.stateStore.providerClass",
-                         "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
+                 .config("spark.sql.streaming.stateStore.providerClass", ROCKSDB)  # as Eventide's sessions
                  .getOrCreate())
         spark.sparkContext.setLogLevel("ERROR")
         schema = StructType([StructField("bucket", IntegerType()), StructField("n", LongType()),
@@ -115,8 +117,7 @@ def main(argv: list[str] | None = None) -> int:
                 times[form].append(round(run(form, f"{form}-{i}"), 2))
                 print(f"{form} {i}: {times[form][-1]:.2f} s", flush=True)
         result = {"pyspark": pyspark.__version__, "rows": args.rows, "groups": GROUPS, "seconds": times,
-                  "row_over_pandas": round(sorted(times["row"])[len(times["row"]) // 2]
-                                           / sorted(times["pandas"])[len(times["pandas"]) // 2], 2)}
+                  "row_over_pandas": round(statistics.median(times["row"]) / statistics.median(times["pandas"]), 2)}
         print(json.dumps(result))
         if args.out:
             args.out.write_text(json.dumps(result, indent=2) + "\n")
