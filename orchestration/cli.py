@@ -111,28 +111,6 @@ def cmd_ingest(args, settings) -> int:
     return 0
 
 
-def _detail(value, limit: int = 300) -> str:
-    import json
-
-    text = value if isinstance(value, str) else json.dumps(value, default=str)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def format_check_failure(f) -> list[str]:
-    """A failed check as lines for the user: which asset, check and partition, why, the rows or counts
-    its metadata records, and what to do."""
-    where = f"{f.asset}[{f.partition}]" if f.partition else f.asset
-    lines = [f"  check FAILED: {where} {f.check}" + ("" if f.blocking else " (not blocking)")]
-    if f.description:
-        lines.append(f"    what it checks: {f.description}")
-    for key, value in f.metadata.items():
-        lines.append(f"    {key}: {_detail(value)}")
-    part = f", partition {f.partition}" if f.partition else ""
-    lines.append(f"    what to do: look at the rows (`eventide show {f.asset}`{part}), fix the input or the check, "
-                 "then `eventide run` again" + (": what it held back runs then" if f.blocking else ""))
-    return lines
-
-
 def cmd_run(args, settings) -> int:
     from transforms.engine.runner import home_has_work
     from transforms.ingestion.log import open_log
@@ -147,7 +125,7 @@ def cmd_run(args, settings) -> int:
     summary = run_all(settings, summaries=not args.pipelines_only, spark_starting=starting)
     # Everything ran that could; now every failure, then the exit status.
     for f in summary.check_failures:
-        print("\n".join(format_check_failure(f)))
+        print("\n".join(f.lines()))
     if summary.not_materialized:
         print(f"  not materialized (downstream of a failure): {', '.join(summary.not_materialized)}")
     for held in summary.held_back:

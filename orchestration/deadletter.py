@@ -83,10 +83,8 @@ def replay_and_run(settings: Settings, stream: str | None, reason: str | None,
         progress(f"  still failing: {r['stream']} seq {r['seq']}: {r['step']}: {r['reason']}")
     progress(f"replayed {len(result.landed)}: {len(result.landed) - len(again)} went through, {len(again)} failed again "
              "(in the dead-letter queue under their new seq)")
-    from orchestration.cli import format_check_failure
-
     for f in summary.check_failures:
-        progress("\n".join(format_check_failure(f)))
+        progress("\n".join(f.lines()))
     for f in summary.failures:
         progress(f"error: {f}")
     return 0 if summary.passed else 1

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import json
 import os
 import threading
 import time
@@ -194,6 +195,25 @@ class CheckFailure:
     description: str
     metadata: dict
     blocking: bool
+
+    def lines(self) -> list[str]:
+        """What the user is told: which asset, check and partition, why, the rows or counts its
+        metadata records, and what to do."""
+        where = f"{self.asset}[{self.partition}]" if self.partition else self.asset
+        lines = [f"  check FAILED: {where} {self.check}" + ("" if self.blocking else " (not blocking)")]
+        if self.description:
+            lines.append(f"    what it checks: {self.description}")
+        for key, value in self.metadata.items():
+            lines.append(f"    {key}: {_detail(value)}")
+        part = f", partition {self.partition}" if self.partition else ""
+        lines.append(f"    what to do: look at the rows (`eventide show {self.asset}`{part}), fix the input or the check, "
+                     "then `eventide run` again" + (": what it held back runs then" if self.blocking else ""))
+        return lines
+
+
+def _detail(value, limit: int = 300) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 @dataclass
