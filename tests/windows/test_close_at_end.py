@@ -202,7 +202,7 @@ def test_a_close_interrupted_after_its_records_landed_is_done_by_the_next_run_on
     from tests.conftest import land
     from transforms.engine import plan_queries
     from transforms.engine.close_windows import land_close_records, open_keys
-    from transforms.engine.keyed_state import state_layout
+    from transforms.engine.state_layout import state_layout
 
     app, settings = home
     land(settings, "readings", INPUT)

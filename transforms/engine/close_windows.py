@@ -40,6 +40,7 @@ import pyarrow.compute as pc
 from transforms.engine.checkpoints import batch_ids
 from transforms.engine.envelope import QUARANTINE_KEY
 from transforms.engine.plan import QueryPlan
+from transforms.engine.state_layout import StateLayout
 from transforms.files import write_text_atomic
 from transforms.settings import Settings
 
@@ -112,8 +113,6 @@ def record_closed(settings: Settings, plan: QueryPlan) -> None:
 def open_keys(spark, plan: QueryPlan, settings: Settings, layout, level: int = 0) -> list[str]:
     """The keys whose window step has an open window in the query's last committed state (of `level`,
     for a multi-level pipeline), sorted."""
-    from transforms.engine.keyed_state import StateLayout
-
     steps = [(sc.state_name, sc) for sc in window_steps(level_plans(plan)[level])]
     if not steps or not (plan.checkpoint(settings) / "state").is_dir():
         return []
@@ -140,8 +139,8 @@ def open_keys(spark, plan: QueryPlan, settings: Settings, layout, level: int = 0
 
 def land_close_records(settings: Settings, plan: QueryPlan, keys: list[str], level: int = 0) -> None:
     """One close record per key (of `level`) in the query's log, in one append (landing: whole segments)."""
+    from transforms.ingestion import open_log
     from transforms.ingestion.landing import LandingBusy
-    from transforms.ingestion.log import open_log
 
     try:
         with open_log(settings).writer() as writer:

@@ -4,7 +4,7 @@ Each key's messages go in sequence order through the pipeline's state computatio
 key's state object; the state objects of a key (one per state class) are pickled together in one
 RocksDB value. Outputs leave as "out" envelopes; quarantine envelopes pass through untouched.
 
-Two layouts of the same step (a checkpoint keeps the one it started with, see `state_layout`):
+Two layouts of the same step (a checkpoint keeps the one it started with, see state_layout.py):
 - `KeyedStateProcessor` groups by key: one Spark group per key per batch, the state in a value
   state. The reference form, and the one for timers (Spark's timers belong to a group).
 - `BucketedStateProcessor` groups by a hash bucket of the key: one group per bucket per batch, each
@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import pickle
 from collections.abc import Callable, Iterator
-from enum import Enum
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -43,7 +41,7 @@ from transforms.engine.envelope import (
 )
 from transforms.engine.plan import QueryMode, QueryPlan
 from transforms.engine.stages import apply_steps
-from transforms.files import write_text_atomic
+from transforms.engine.state_layout import STATE_BUCKETS, StateLayout
 
 
 # -- the processor ---------------------------------------------------------------------------------
@@ -116,9 +114,6 @@ def input_order(df: pd.DataFrame, keys: np.ndarray | None = None) -> np.ndarray:
     origins, _ = pd.factorize(df["origin"], sort=True)  # missing -> -1: first
     order = (df["part"].to_numpy(), origins, df["seq"].to_numpy())
     return np.lexsort(order if keys is None else (*order, keys))
-
-
-STATE_BUCKETS = 64  # part of a bucketed checkpoint's layout: fixed once it has state
 
 
 class BucketedStateProcessor(StatefulProcessor):
@@ -226,30 +221,6 @@ def stateful_step(env, plan: QueryPlan, fail_fast: bool, layout: StateLayout):
     )
 
 
-class StateLayout(str, Enum):
-    KEY = "key"
-    BUCKET = f"bucket-{STATE_BUCKETS}"
-
-
-LAYOUT_FILE = "eventide-state-layout"
-
-
-def state_layout(plan: QueryPlan, checkpoint: Path, wanted: str = "bucket") -> StateLayout:
-    """The checkpoint's layout of keyed state: what it started with (written into it on first use).
-    A new checkpoint gets `wanted` ("bucket" or "key"), or "key" if the plan has timers; one that has
-    planned a batch but has no record predates buckets, so it stays grouped by key."""
-    record = checkpoint / LAYOUT_FILE
-    try:
-        return StateLayout(record.read_text().strip())
-    except FileNotFoundError:
-        pass
-    except ValueError as e:
-        raise ValueError(f"{record}: unknown state layout {record.read_text().strip()!r} (expected one of "
-                         f"{[m.value for m in StateLayout]}); restore the file or start a new generation") from e
-    started = (checkpoint / "offsets").is_dir() and any((checkpoint / "offsets").iterdir())
-    layout = StateLayout.KEY if plan.timers or started or wanted == "key" else StateLayout.BUCKET
-    write_text_atomic(record, layout.value + "\n")  # a crash never leaves half a record
-    return layout
 
 
 def _safe(fn: Callable) -> int:

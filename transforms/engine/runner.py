@@ -26,13 +26,14 @@ from transforms.engine.close_windows import (
     record_closed,
 )
 from transforms.engine.envelope import TICK_STREAM
-from transforms.engine.keyed_state import StateLayout, state_layout, stateful_step
+from transforms.engine.keyed_state import stateful_step
 from transforms.engine.levels import next_level
 from transforms.engine.locks import QueryLock, describe, holder_of
 from transforms.engine.plan import QueryPlan, plan_queries
 from transforms.engine.report import RunReport
 from transforms.engine.sinks import BatchWriter, resolve_tcp_sinks
 from transforms.engine.stages import make_pre_stage
+from transforms.engine.state_layout import StateLayout, state_layout
 from transforms.ingestion.kafka_source import plan_log
 from transforms.settings import Settings
 from transforms.spark import explain_task_error
@@ -40,7 +41,7 @@ from transforms.spark import explain_task_error
 
 def build_stream(spark, plan: QueryPlan, settings: Settings, layout: StateLayout = StateLayout.BUCKET):
     """The streaming DataFrame of a plan, up to the sinks. `layout`: how a keyed plan's state is
-    grouped (its checkpoint's, see keyed_state.state_layout)."""
+    grouped (its checkpoint's, see state_layout.py)."""
     df = plan_log(settings, plan).source(spark, plan)  # the home's log, or a kafka_source's topic
     df = keep_close_records(df.where(df.stream.isin(plan.streams)), plan)
     if not plan.quarantine_landing_errors:

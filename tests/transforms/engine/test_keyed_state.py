@@ -13,8 +13,8 @@ from tests.transforms.test_market_app import land_messages
 from tests.transforms.test_market_batch import _tables, random_stream
 from tests.transforms.test_write_paths import DATA, _canonical
 from transforms.engine import run_application
-from transforms.engine.keyed_state import LAYOUT_FILE, StateLayout, state_layout
 from transforms.engine.plan import TimeMode, plan_queries
+from transforms.engine.state_layout import LAYOUT_FILE, StateLayout, state_layout
 from transforms.settings import Settings
 from transforms.testing import run_app
 
