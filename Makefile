@@ -62,7 +62,7 @@ demo: setup
 # services, Spark's workers) import it, and under PYTHONDONTWRITEBYTECODE each would compile it again.
 test: setup $(CHROMIUM)
 	$(VENV)/bin/ruff check .
-	$(PY) -m transforms.jvm_cache
+	$(PY) -m transforms.record_jvm_cache
 	@$(PY) -m compileall -q transforms orchestration assets examples windows
 	$(PY) -m pytest tests -n 2 --dist loadfile --no-loadscope-reorder -m 'not serial' --durations=25
 	$(PY) -m pytest tests -m serial

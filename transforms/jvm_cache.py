@@ -13,8 +13,7 @@ The archive belongs to one Java binary and one jar set, so its name carries a ha
 
 Left to itself, the first JVM records, and when that JVM lives long (the tests' shared session, a
 `serve`) nobody has the archive until it exits or its claim expires (15 min). `python -m
-transforms.jvm_cache` (run by `make test`) records it at once instead: a short run of a small keyed app
-on real Spark and Delta in a process of its own, then the archive is put in place when its JVM is gone.
+transforms.record_jvm_cache` (run by `make test`) records it at once instead (record_jvm_cache.py).
 """
 
 from __future__ import annotations
@@ -57,7 +56,7 @@ def _age(path: Path, now: float) -> float | None:
 DYNAMIC_ARCHIVE_MAGIC = bytes.fromhex("a8ab0bf0")
 
 
-def _complete(recording: Path) -> bool:
+def is_complete(recording: Path) -> bool:
     try:
         with open(recording, "rb") as f:
             return f.read(4) == DYNAMIC_ARCHIVE_MAGIC
@@ -75,7 +74,7 @@ def archive_path(java_home: str) -> Path:
     return cache_dir() / f"jvm-classes-{key}.jsa"
 
 
-def _tidy(archive: Path, now: float) -> None:
+def tidy(archive: Path, now: float) -> None:
     """Put a finished recording in place; throw away one cut short (and its claim: record again) and
     any left once the archive is there."""
     claim = archive.with_suffix(".claim")
@@ -84,7 +83,7 @@ def _tidy(archive: Path, now: float) -> None:
         age = _age(recording, now)
         if age is None or age < FINISHED_AFTER_SECONDS:
             continue  # maybe still being written
-        if not archive.exists() and _complete(recording):
+        if not archive.exists() and is_complete(recording):
             try:
                 os.replace(recording, archive)
                 continue
@@ -103,7 +102,7 @@ def java_options(java_home: str | None, now: float | None = None) -> list[str]:
     folder = archive.parent
     claim = archive.with_suffix(".claim")
     now = time.time() if now is None else now
-    _tidy(archive, now)
+    tidy(archive, now)
     if archive.exists():
         claim.unlink(missing_ok=True)
         return [f"-XX:SharedArchiveFile={archive}"]
@@ -117,81 +116,3 @@ def java_options(java_home: str | None, now: float | None = None) -> list[str]:
     except OSError:
         return []  # another start claimed it first (or the cache folder is not writable)
     return [f"-XX:ArchiveClassesAtExit={folder / f'{archive.stem}.{os.getpid()}.recording'}"]
-
-
-# -- recording the archive now (`python -m transforms.jvm_cache`) ---------------------------------------
-def _recording_workload() -> None:
-    """Run in the recording process: what a run's JVM loads (a session, Arrow to Python and back, a
-    keyed state step in RocksDB, Delta's streaming and batch writes and reads); prints its JVM's pid."""
-    from pyspark.sql import SparkSession
-
-    from transforms.api import Application, DeltaSink, decoder, source, state_computation
-    from transforms.spark import stop_spark
-    from transforms.testing import run_app
-
-    @decoder
-    def decode(payload: bytes) -> dict:
-        key, value = payload.decode().split(",")
-        return {"key": key, "value": int(value)}
-
-    class Total:
-        def __init__(self):
-            self.value = 0
-
-    @state_computation("total", state=Total)
-    def total(message: dict, state: Total):
-        state.value += message["value"]
-        return {"key": message["key"], "total": state.value}
-
-    app = Application("jvm_cache_recording", source("numbers", decoder=decode).key_by("key").to(total)
-                      .to_sink(DeltaSink("totals", mode="upsert", keys=("key",))))
-    result = run_app(app, {"numbers": [f"k{i % 3},{i}" for i in range(30)] + ["not a number"]})
-    assert len(result.outputs("totals")) == 3, result.outputs("totals")
-    spark = SparkSession.getActiveSession()  # the one run_app started
-    print("JVM_PID", spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid(), flush=True)
-    stop_spark()
-
-
-def record_now(java_home: str, wait_seconds: float = 120.0, say=print) -> Path | None:
-    """The archive, recorded now by a short run in a process of its own if there is none; None if
-    another JVM holds the claim (it will be in place after that JVM exits). RuntimeError if the run
-    failed: Spark or Delta does not work here."""
-    import subprocess
-    import sys
-
-    from transforms.processes import alive
-
-    archive = archive_path(java_home)
-    _tidy(archive, time.time())
-    if archive.exists():
-        return archive
-    say(f"recording the JVM's class cache {archive} (once per Java and jar set, about 30 s)")
-    env = {**os.environ, "JAVA_HOME": java_home, "EVENTIDE_JVM_CLASS_CACHE": "true"}
-    done = subprocess.run([sys.executable, "-c", "from transforms.jvm_cache import _recording_workload as w; w()"],
-                          env=env, capture_output=True, text=True, timeout=600)
-    pids = [int(line.split()[1]) for line in done.stdout.splitlines() if line.startswith("JVM_PID ")]
-    if done.returncode != 0 or not pids:
-        raise RuntimeError(f"the run that records the JVM's class cache failed, so Spark or Delta does not work "
-                           f"here; its output ends:\n{(done.stderr or done.stdout)[-3000:]}")
-    deadline = time.monotonic() + wait_seconds
-    while alive(pids[0]) and time.monotonic() < deadline:  # the JVM writes the archive as it exits
-        time.sleep(0.2)
-    mine = [r for r in archive.parent.glob(f"{archive.stem}.*.recording") if _complete(r)]
-    if alive(pids[0]) or not mine:
-        say("the class cache was not recorded (another JVM holds the claim, or the JVM is still writing it); "
-            "runs start without it until it is in place")
-        return None
-    os.replace(mine[0], archive)
-    archive.with_suffix(".claim").unlink(missing_ok=True)
-    return archive
-
-
-if __name__ == "__main__":
-    import sys
-
-    try:
-        where = record_now(os.environ.get("JAVA_HOME", "/usr/lib/jvm/java-17-openjdk-amd64"))
-    except RuntimeError as e:
-        sys.exit(f"{e}\nFix that first (`make setup` resolves the jars); EVENTIDE_JVM_CLASS_CACHE=0 runs without the cache.")
-    if where is not None:
-        print(f"JVM class cache in place: {where}")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from transforms import jvm_cache
+from transforms import jvm_cache, record_jvm_cache
 
 JAVA_HOME = os.environ.get("JAVA_HOME", "/usr/lib/jvm/java-17-openjdk-amd64")
 JAVA = Path(JAVA_HOME) / "bin" / "java"
@@ -90,13 +90,13 @@ def test_a_jvm_given_a_recording_cut_short_starts_without_it(tmp_path):
 
 @pytest.mark.spark
 def test_the_recorded_archive_holds_sparks_and_deltas_classes_and_is_recorded_once():
-    """`python -m transforms.jvm_cache`, which make test runs before pytest: a short run in a process of its
+    """`python -m transforms.record_jvm_cache`, which make test runs before pytest: a short run in a process of its
     own records the archive in the real cache and puts it in place once its JVM is gone. Here it is found
     in place (recorded now if this test runs without make: a minute), and a second call records nothing.
     Recording into an empty cache costs a whole Spark run, so the suite checks make's recording instead of
     making a second one (40-80 s of a worker)."""
     said = []
-    archive = jvm_cache.record_now(JAVA_HOME, say=said.append)
+    archive = record_jvm_cache.record_now(JAVA_HOME, say=said.append)
     assert archive is not None and archive.exists(), said
     assert not any(archive.parent.glob(f"{archive.stem}.*.recording"))
     assert not archive.with_suffix(".claim").exists()
@@ -106,4 +106,4 @@ def test_the_recorded_archive_holds_sparks_and_deltas_classes_and_is_recorded_on
     assert b"org/apache/spark/sql/SparkSession" in names and b"org/apache/spark/sql/delta/DeltaLog" in names
     assert b"org/apache/spark/sql/execution/streaming/state/RocksDBStateStoreProvider" in names
     said.clear()
-    assert jvm_cache.record_now(JAVA_HOME, say=said.append) == archive and said == []
+    assert record_jvm_cache.record_now(JAVA_HOME, say=said.append) == archive and said == []
