@@ -59,8 +59,8 @@ def _files(paths: list[str]) -> list[Path]:
 
 
 def cmd_serve(args, settings) -> int:
+    from transforms.ingestion import open_log
     from transforms.ingestion.gateway import serve_forever
-    from transforms.ingestion.log import open_log
 
     open_log(settings).check()  # Kafka: unreachable stops here, naming the address
 
@@ -99,7 +99,7 @@ def cmd_send(args, settings) -> int:
 
 
 def cmd_ingest(args, settings) -> int:
-    from transforms.ingestion.log import open_log
+    from transforms.ingestion import open_log
     from transforms.ingestion.sender import ingest_files
 
     settings.group_of(args.stream)
@@ -113,7 +113,7 @@ def cmd_ingest(args, settings) -> int:
 
 def cmd_run(args, settings) -> int:
     from transforms.engine.runner import home_has_work
-    from transforms.ingestion.log import open_log
+    from transforms.ingestion import open_log
     from transforms.spark import start_in_background
 
     open_log(settings).check()

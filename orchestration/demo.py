@@ -16,8 +16,8 @@ from pathlib import Path
 from orchestration.runner import run_all
 from orchestration.show import show_table
 from transforms import lake
+from transforms.ingestion import open_log
 from transforms.ingestion.gateway import GatewayThread
-from transforms.ingestion.log import open_log
 from transforms.ingestion.sender import send_files
 from transforms.settings import Settings
 

@@ -6,9 +6,9 @@ import json
 import dagster as dg
 
 from assets.resources import EventideSettings
+from transforms.ingestion import open_log
 from transforms.ingestion.gateway import running_gateway
 from transforms.ingestion.kafka_source import KafkaTopicLog
-from transforms.ingestion.log import open_log
 from transforms.settings import Settings
 
 PIPELINES_JOB = "pipelines_job"

@@ -248,7 +248,7 @@ class Service:
         """Let the bronze queries commit the segments landed so far before follow-up runs read the
         tables: bronze runs less often than the apps' queries, and the follow-ups' checks compare the
         apps' tables with bronze. Bounded: under a busy stream, it goes on after two bronze cycles."""
-        from transforms.ingestion.log import open_log
+        from transforms.ingestion import open_log
 
         log = open_log(self.settings)
         bronze = [q.plan for q in self.queries if q.plan.app in self._bronze_apps]
@@ -276,7 +276,7 @@ class Service:
             self.say(f"lake upkeep: {', '.join(changed)}")
 
     def _archive(self, plans) -> None:
-        from transforms.ingestion.log import open_log
+        from transforms.ingestion import open_log
 
         try:
             moved = open_log(self.settings).upkeep(plans)  # the landing archives what every query committed

@@ -57,8 +57,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from transforms import lake
+from transforms.ingestion import open_log
 from transforms.ingestion.kafka_source import KafkaTopicLog, format_topics, topics_status
-from transforms.ingestion.log import LogStatus, Progress, grid, open_log
+from transforms.ingestion.log import LogStatus, Progress, grid
 from transforms.settings import Settings
 
 FORMAT_VERSION = 1

@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 
 from transforms import lake
 from transforms.engine.sinks import QUARANTINE_TABLE
-from transforms.ingestion.log import open_log
+from transforms.ingestion import open_log
 from transforms.settings import Settings
 
 REPLAYS_TABLE = "quarantine_replays"

@@ -259,8 +259,6 @@ class Settings:
             raise ConfigError("EVENTIDE_VACUUM_HOURS and EVENTIDE_UPKEEP_MINUTES must be 0 or positive")
         if self.tcp_in_doubt not in ("resend", "skip"):
             raise ConfigError(f"EVENTIDE_TCP_IN_DOUBT={self.tcp_in_doubt!r}: must be 'resend' or 'skip'")
-        from transforms.ingestion.log import log_kind
-
         log_kind(self.log)
         if self.state_layout not in ("bucket", "key"):
             raise ConfigError(f"EVENTIDE_STATE_LAYOUT={self.state_layout!r}: must be 'bucket' or 'key'")
@@ -337,3 +335,34 @@ def get_settings() -> Settings:
 def reset_settings() -> None:
     global _cached
     _cached = None
+
+
+# -- EVENTIDE_LOG: the landing folder or Kafka (transforms/ingestion/log.py) -----------------------------
+KAFKA_SCHEME = "kafka://"
+
+
+def log_kind(value: str) -> str:
+    """`landing` or `kafka`, from EVENTIDE_LOG; ConfigError for anything else."""
+    if value in ("", "landing"):
+        return "landing"
+    if value.startswith(KAFKA_SCHEME):
+        kafka_servers(value)
+        return "kafka"
+    raise ConfigError(f"EVENTIDE_LOG={value!r}: expected `landing` (the default) or kafka://HOST:PORT")
+
+
+def kafka_servers(value: str) -> str:
+    """`HOST:PORT[,HOST:PORT...]` of a `kafka://` EVENTIDE_LOG."""
+    servers = value[len(KAFKA_SCHEME):].partition("/")[0]
+    parts = [s.strip() for s in servers.split(",")]
+    for part in parts:
+        host, sep, port = part.rpartition(":")
+        if not (sep and host and port.isdigit() and 0 < int(port) < 65536):
+            raise ConfigError(f"EVENTIDE_LOG={value!r}: expected kafka://HOST:PORT, e.g. kafka://127.0.0.1:9092")
+    return ",".join(parts)
+
+
+def kafka_prefix(value: str) -> str:
+    """What a `kafka://HOST:PORT/PREFIX` EVENTIDE_LOG puts before every topic name ('' without one): for
+    several homes on one Kafka cluster."""
+    return value[len(KAFKA_SCHEME):].partition("/")[2]

@@ -32,7 +32,7 @@ from tests.orchestration.test_serve import (
 )
 from tests.services import Service
 from tests.tcp import Receiver
-from transforms.ingestion.log import open_log
+from transforms.ingestion import open_log
 from transforms.settings import Settings
 
 MATERIALIZATIONS = """{ assetOrError(assetKey: {path: ["%s"]}) { ... on Asset { assetMaterializations(limit: 10) {

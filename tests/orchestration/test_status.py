@@ -15,7 +15,8 @@ from orchestration.cli import main
 from orchestration.status import compute_status, query_plans
 from tests.conftest import REPO, land
 from transforms.engine.checkpoints import processed_segments
-from transforms.ingestion.landing import Lander, segment_name
+from transforms.ingestion.landing import Lander
+from transforms.ingestion.segments import segment_name
 
 T0 = 1_700_000_000.0  # a fixed receive time: lags in seconds are exact
 
@@ -243,7 +244,7 @@ def test_a_segment_archived_by_serve_while_status_reads_is_found_in_the_archive(
     import orchestration.status as status_module
     import transforms.ingestion.landing as landing_module
     from tests.conftest import land
-    from transforms.ingestion.landing import archive_segments
+    from transforms.ingestion.archive import archive_segments
 
     land(settings, "text", [b"a"])
     land(settings, "text", [b"b c"])

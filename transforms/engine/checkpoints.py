@@ -15,7 +15,7 @@ import shutil
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from transforms.ingestion.landing import parse_segment_name
+from transforms.ingestion.segments import parse_segment_name
 
 
 def batch_ids(folder: Path) -> list[int]:

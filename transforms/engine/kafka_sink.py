@@ -23,8 +23,8 @@ import re
 import time
 
 from transforms.api import KafkaSink, TCPSink
+from transforms.settings import KAFKA_SCHEME
 
-KAFKA_SCHEME = "kafka://"
 START_TIMEOUT_SECONDS = 15.0  # the broker must answer the producer's start (init_transactions) within this
 COMMIT_TIMEOUT_SECONDS = 60.0  # a transaction not committed by then fails the batch (it is processed again)
 TRANSACTION_TIMEOUT_MS = 120_000  # Kafka aborts a transaction its producer left open this long

@@ -1,8 +1,8 @@
 """Archiving the landing under `eventide serve`: segments every query reading a log has committed move
-out of the folder Spark's file source lists on every trigger (transforms/ingestion/landing.py,
-archive_segments), so that folder stays small over a day of low-latency operation. The log stays whole
-and replayable: readers of the landing (`list_segments`, quarantine replay, recovery) see both folders,
-and a query that has committed nothing yet reads both (runner.build_stream).
+out of the folder Spark's file source lists on every trigger (archive_segments), so that folder stays
+small over a day of low-latency operation. The log stays whole and replayable: readers of the landing
+(`list_segments`, quarantine replay, recovery) see both folders, and a query that has committed nothing
+yet reads both (runner.build_stream).
 
 "Every query" is every checkpoint under the home that reads the log (its latest generation), and every
 registered query of the log that has no checkpoint yet, so a segment is archived only once nothing may
@@ -11,11 +11,13 @@ still need to read it from the live folder.
 
 from __future__ import annotations
 
+import os
 from collections import defaultdict
 
 from transforms.engine.checkpoints import has_commits, landing_log_of, latest_checkpoints, processed_segments
 from transforms.engine.plan import QueryPlan
-from transforms.ingestion.landing import archive_segments
+from transforms.files import fsync_dir
+from transforms.ingestion.segments import parse_segment_name
 from transforms.settings import Settings
 
 
@@ -37,4 +39,24 @@ def archive_committed(settings: Settings, plans: list[QueryPlan]) -> dict[str, i
             common = names if common is None else common & names
         if common:
             moved[log] = archive_segments(settings, log, common)
+    return moved
+
+
+def archive_segments(settings: Settings, group: str, names: set[str]) -> int:
+    """Move these closed segments of a log from the live folder to the archive; returns how many.
+
+    Spark's file source lists the live folder on every trigger (measured: 58 ms with 1,000 files,
+    650 ms with 40,000), so under `eventide serve` the live folder must only hold what some query may
+    still read. A rename on one file system: a segment is in exactly one of the two folders."""
+    live, archive = settings.landing / group, settings.landing_archive / group
+    moved = 0
+    for name in sorted(names):
+        if not parse_segment_name(name) or not (live / name).exists():
+            continue
+        archive.mkdir(parents=True, exist_ok=True)
+        os.rename(live / name, archive / name)
+        moved += 1
+    if moved:
+        fsync_dir(archive)
+        fsync_dir(live)
     return moved

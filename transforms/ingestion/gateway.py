@@ -34,8 +34,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from transforms.files import write_text_atomic
+from transforms.ingestion import open_log
 from transforms.ingestion.framing import LANDED_ACK, FrameDecoder, FrameTooLarge, Framing, TruncatedFrame
-from transforms.ingestion.log import LogWriteError, LogWriter, open_log
+from transforms.ingestion.log import LogWriteError, LogWriter
 from transforms.settings import ConfigError, Settings
 
 log = logging.getLogger(__name__)

@@ -31,6 +31,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from transforms.ingestion.log import (
+    LANDING_SCHEMA,
     Log,
     LogStatus,
     LogUnavailable,
@@ -38,11 +39,9 @@ from transforms.ingestion.log import (
     LogWriter,
     Progress,
     grid,
-    kafka_prefix,
-    kafka_servers,
     offsets_per_trigger,
 )
-from transforms.settings import ConfigError, Settings
+from transforms.settings import ConfigError, Settings, kafka_prefix, kafka_servers
 
 log = logging.getLogger(__name__)
 # librdkafka's own log lines (a broker going away is logged once per connection attempt): kept out of the
@@ -278,8 +277,6 @@ class KafkaLog(Log):
                 consumer.unassign()
 
     def read(self, group: str, columns: list[str] | None = None) -> pa.Table:
-        from transforms.ingestion.landing import LANDING_SCHEMA
-
         topic = self.topic(group)
         low, high = self.watermarks(topic)
         rows = []

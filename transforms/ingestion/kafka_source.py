@@ -30,7 +30,7 @@ from transforms.settings import Settings
 def plan_log(settings: Settings, plan):
     """The log a plan reads: its kafka_source's topic, or the home's log."""
     if plan.origin is None:
-        from transforms.ingestion.log import open_log
+        from transforms.ingestion import open_log
 
         return open_log(settings)
     return KafkaTopicLog(settings, plan.origin)

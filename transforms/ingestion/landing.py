@@ -27,22 +27,21 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from transforms.ingestion.log import LANDING_DDL, Log, LogStatus, LogWriter, Progress, messages_per_trigger
+from transforms.files import fsync_dir
+from transforms.ingestion.log import (
+    LANDING_DDL,
+    LANDING_SCHEMA,
+    Log,
+    LogStatus,
+    LogWriter,
+    Progress,
+    grid,
+    messages_per_trigger,
+)
+from transforms.ingestion.segments import parse_segment_name, segment_name
 from transforms.settings import Settings
 
 __all__ = ["LANDING_DDL", "LANDING_SCHEMA", "Lander", "LandingBusy", "LandingLog"]
-
-LANDING_SCHEMA = pa.schema(
-    [
-        ("stream", pa.string()),
-        ("seq", pa.int64()),
-        ("receive_time", pa.timestamp("us", tz="UTC")),
-        ("connection", pa.string()),
-        ("payload", pa.binary()),
-        # Set when the gateway itself could not frame the input (oversized or partial frame).
-        ("landing_error", pa.string()),
-    ]
-)
 
 _REC_HEAD = struct.Struct(">II")  # body length, crc32(body)
 _BODY_HEAD = struct.Struct(">qqHHH")  # seq, receive time (us), len stream, len connection, len error
@@ -52,24 +51,10 @@ class LandingBusy(RuntimeError):
     pass
 
 
-def segment_name(first: int, last: int) -> str:
-    return f"seg-{first:020d}-{last:020d}.parquet"
-
-
-def parse_segment_name(name: str) -> tuple[int, int] | None:
-    if not (name.startswith("seg-") and name.endswith(".parquet")):
-        return None
-    try:
-        first, last = name[4:-8].split("-")
-        return int(first), int(last)
-    except ValueError:
-        return None
-
-
 def list_segments(settings: Settings, group: str | None = None, archived: bool = True) -> list[Path]:
     """The closed segments of a log (or of every log), in sequence order: the live ones the queries
     read (`landing/<log>/`) and, with `archived`, those every query has committed, moved out of the
-    queries' way (`landing-archive/<log>/`, see archive_segments). Both together are the whole log."""
+    queries' way (`landing-archive/<log>/`, see archive.py). Both together are the whole log."""
     groups = [group] if group else sorted(settings.registry.logs)
     roots = [settings.landing, settings.landing_archive] if archived else [settings.landing]
     out: list[Path] = []
@@ -77,35 +62,6 @@ def list_segments(settings: Settings, group: str | None = None, archived: bool =
         found = [p for root in roots if (root / g).is_dir() for p in (root / g).iterdir() if parse_segment_name(p.name)]
         out.extend(sorted(found, key=lambda p: parse_segment_name(p.name)))
     return out
-
-
-def archive_segments(settings: Settings, group: str, names: set[str]) -> int:
-    """Move these closed segments of a log from the live folder to the archive; returns how many.
-
-    Spark's file source lists the live folder on every trigger (measured: 58 ms with 1,000 files,
-    650 ms with 40,000), so under `eventide serve` the live folder must only hold what some query may
-    still read. A rename on one file system: a segment is in exactly one of the two folders."""
-    live, archive = settings.landing / group, settings.landing_archive / group
-    moved = 0
-    for name in sorted(names):
-        if not parse_segment_name(name) or not (live / name).exists():
-            continue
-        archive.mkdir(parents=True, exist_ok=True)
-        os.rename(live / name, archive / name)
-        moved += 1
-    if moved:
-        _fsync_dir(archive)
-        _fsync_dir(live)
-    return moved
-
-
-def _fsync_dir(path: Path) -> None:
-    """Make a rename or a new file in `path` durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _encode_record(seq: int, recv_us: int, stream: str, conn: str, err: str | None, payload: bytes) -> bytes:
@@ -382,7 +338,7 @@ class Lander(LogWriter):
             f.flush()
             os.fsync(f.fileno())
         os.rename(tmp, final)
-        _fsync_dir(group_dir)
+        fsync_dir(group_dir)
         return final
 
 
@@ -512,8 +468,6 @@ class LandingLog(Log):
         return [g.status() for g in logs.values()], {p.name: _progress(self.settings, p, logs[p.group]) for p in plans}
 
     def format_logs(self, logs: list[LogStatus]) -> list[str]:
-        from transforms.ingestion.log import grid
-
         return grid(["LOG", "SEGMENTS", "MESSAGES", "LAST SEQ", "OPEN"],
                     [[g.log, g.segments, g.messages, g.last_seq, g.open] for g in logs]) + [
             "", "OPEN: landed, not yet in a closed segment (not visible to queries). "

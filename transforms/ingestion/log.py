@@ -21,10 +21,24 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
+import pyarrow as pa
+
 from transforms.settings import ConfigError, Settings
 
 LANDING_DDL = (
     "stream string, seq long, receive_time timestamp, connection string, payload binary, landing_error string"
+)
+
+LANDING_SCHEMA = pa.schema(
+    [
+        ("stream", pa.string()),
+        ("seq", pa.int64()),
+        ("receive_time", pa.timestamp("us", tz="UTC")),
+        ("connection", pa.string()),
+        ("payload", pa.binary()),
+        # Set when the gateway itself could not frame the input (oversized or partial frame).
+        ("landing_error", pa.string()),
+    ]
 )
 
 
@@ -203,47 +217,6 @@ class Log(ABC):
     def upkeep(self, plans: list) -> int:
         """The log's own upkeep under `serve` (what every query committed); returns how much it did."""
         return 0
-
-
-KAFKA_SCHEME = "kafka://"
-
-
-def log_kind(value: str) -> str:
-    """`landing` or `kafka`, from EVENTIDE_LOG; ConfigError for anything else."""
-    if value in ("", "landing"):
-        return "landing"
-    if value.startswith(KAFKA_SCHEME):
-        kafka_servers(value)
-        return "kafka"
-    raise ConfigError(f"EVENTIDE_LOG={value!r}: expected `landing` (the default) or kafka://HOST:PORT")
-
-
-def kafka_servers(value: str) -> str:
-    """`HOST:PORT[,HOST:PORT...]` of a `kafka://` EVENTIDE_LOG."""
-    servers = value[len(KAFKA_SCHEME):].partition("/")[0]
-    parts = [s.strip() for s in servers.split(",")]
-    for part in parts:
-        host, sep, port = part.rpartition(":")
-        if not (sep and host and port.isdigit() and 0 < int(port) < 65536):
-            raise ConfigError(f"EVENTIDE_LOG={value!r}: expected kafka://HOST:PORT, e.g. kafka://127.0.0.1:9092")
-    return ",".join(parts)
-
-
-def kafka_prefix(value: str) -> str:
-    """What a `kafka://HOST:PORT/PREFIX` EVENTIDE_LOG puts before every topic name ('' without one): for
-    several homes on one Kafka cluster."""
-    return value[len(KAFKA_SCHEME):].partition("/")[2]
-
-
-def open_log(settings: Settings) -> Log:
-    """The log `settings.log` names."""
-    if log_kind(settings.log) == "kafka":
-        from transforms.ingestion.kafka_log import KafkaLog
-
-        return KafkaLog(settings)
-    from transforms.ingestion.landing import LandingLog
-
-    return LandingLog(settings)
 
 
 def grid(headers: list[str], rows: list[list], left: tuple[int, ...] = (0,)) -> list[str]:

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from transforms.ingestion import open_log
 from transforms.ingestion.framing import (
     DEFAULT_FRAMING,
     LANDED_ACK,
@@ -32,7 +33,7 @@ from transforms.ingestion.framing import (
     iter_file_messages,
     text_file_lines,
 )
-from transforms.ingestion.log import LogWriter, open_log
+from transforms.ingestion.log import LogWriter
 from transforms.settings import Settings
 
 _SEND_BATCH_BYTES = 1 << 20  # frame lines into ~1 MiB writes: few syscalls, bounded memory

@@ -21,8 +21,8 @@ from tests.conftest import DATA
 from tests.transforms.test_logs_app import LOG_FILES, expected_summary, summary_rows
 from tests.transforms.test_market_app import FIFTEEN, NBBO
 from transforms import lake
+from transforms.ingestion import open_log
 from transforms.ingestion.framing import DEFAULT_FRAMING
-from transforms.ingestion.log import open_log
 from transforms.settings import reset_settings
 from transforms.testing import committed_records
 

@@ -11,7 +11,7 @@ from tests.tcp import Receiver
 from tests.transforms.ingestion.conftest import kafka_settings as _kafka
 from transforms import lake
 from transforms.engine import run_application
-from transforms.ingestion.log import open_log
+from transforms.ingestion import open_log
 from transforms.settings import Settings
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(300)]

@@ -16,9 +16,8 @@ import pytest
 from tests.conftest import DATA
 from tests.services import Service, clean_env
 from transforms import lake
-from transforms.ingestion import kafka_log
+from transforms.ingestion import kafka_log, open_log
 from transforms.ingestion.gateway import GatewayThread
-from transforms.ingestion.log import open_log
 from transforms.ingestion.sender import send_files
 from transforms.kafka_broker import free_port, start_broker
 from transforms.settings import Settings

@@ -20,9 +20,10 @@ from tests.tcp import Receiver
 from tests.transforms.ingestion.conftest import kafka_settings as _kafka
 from transforms import lake
 from transforms.engine import nothing_new, plan_queries, run_application
+from transforms.ingestion import open_log
 from transforms.ingestion.gateway import GatewayThread
 from transforms.ingestion.kafka_log import KafkaLog, topic_name
-from transforms.ingestion.log import LogUnavailable, open_log
+from transforms.ingestion.log import LogUnavailable
 from transforms.ingestion.sender import ingest_files, send_files
 from transforms.kafka_broker import free_port
 from transforms.settings import ConfigError, Settings
