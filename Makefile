@@ -44,7 +44,11 @@ $(CHROMIUM):
 		     echo "install it as root with 'apt-get install -y chromium', or point CHROMIUM=/path/to/chromium at one"; \
 		     exit 1; }
 
+# The JVM's class cache (transforms/jvm_cache.py) is recorded by set-up, once per Java and jar set (about
+# 30 s; a second's check after that): else the first JVM to start records it (the demo's, the tests'
+# long-lived shared session) and the others start without it until that claim expires.
 setup: $(STAMP) $(JARS_STAMP) $(KAFKA_JARS_STAMP)
+	@$(PY) -m transforms.record_jvm_cache
 
 # The benchmarks' extra (Bytewax, for bench/peers.py): installed by `make bench` only.
 $(BENCH_STAMP): pyproject.toml $(STAMP)
@@ -55,19 +59,16 @@ $(BENCH_STAMP): pyproject.toml $(STAMP)
 demo: setup
 	$(VENV)/bin/eventide demo
 
-# The JVM's class cache (transforms/jvm_cache.py) is recorded before the tests, once per Java and jar set:
-# else the first JVM to start records it, the tests' long-lived shared session, and the others start
-# without it until that claim expires. Two xdist workers: the suite keeps both cores busy (3 workers: 28 min 9 s
-# against 29 min 0 s, 2026-11-29). The project's bytecode is written first: hundreds of Python processes (runs,
-# services, Spark's workers) import it, and under PYTHONDONTWRITEBYTECODE each would compile it again.
+# Two xdist workers: the suite keeps both cores busy (3 workers: 28 min 9 s against 29 min 0 s, 2026-11-29).
+# The project's bytecode is written first: hundreds of Python processes (runs, services, Spark's workers)
+# import it, and under PYTHONDONTWRITEBYTECODE each would compile it again.
 test: setup $(CHROMIUM)
 	$(VENV)/bin/ruff check .
-	$(PY) -m transforms.record_jvm_cache
 	@$(PY) -m compileall -q transforms orchestration assets examples windows
 	$(PY) -m pytest tests -n 2 --dist loadfile --no-loadscope-reorder -m 'not serial' --durations=25
 	$(PY) -m pytest tests -m serial
 
-lint: setup
+lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
 bench: setup $(BENCH_STAMP)

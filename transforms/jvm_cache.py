@@ -13,7 +13,7 @@ The archive belongs to one Java binary and one jar set, so its name carries a ha
 
 Left to itself, the first JVM records, and when that JVM lives long (the tests' shared session, a
 `serve`) nobody has the archive until it exits or its claim expires (15 min). `python -m
-transforms.record_jvm_cache` (run by `make test`) records it at once instead (record_jvm_cache.py).
+transforms.record_jvm_cache` (run by `make setup`) records it at once instead (record_jvm_cache.py).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Record the driver JVM's class cache now (`python -m transforms.record_jvm_cache`, run by `make test`):
+"""Record the driver JVM's class cache now (`python -m transforms.record_jvm_cache`, run by `make setup`):
 a short run of a small keyed app on real Spark and Delta in a process of its own, then the archive is put
 in place once its JVM is gone. Left to itself, the first JVM to start records it (jvm_cache.py), and a
 long-lived one (the tests' shared session, a `serve`) keeps it from everyone until it exits."""

@@ -90,9 +90,10 @@ def test_a_jvm_given_a_recording_cut_short_starts_without_it(tmp_path):
 
 @pytest.mark.spark
 def test_the_recorded_archive_holds_sparks_and_deltas_classes_and_is_recorded_once():
-    """`python -m transforms.record_jvm_cache`, which make test runs before pytest: a short run in a process of its
-    own records the archive in the real cache and puts it in place once its JVM is gone. Here it is found
-    in place (recorded now if this test runs without make: a minute), and a second call records nothing.
+    """`python -m transforms.record_jvm_cache`, which `make setup` runs before any JVM of the demo or the
+    tests: a short run in a process of its own records the archive in the real cache and puts it in place
+    once its JVM is gone. Here it is found in place (recorded now if this test runs without make: a
+    minute), and a second call records nothing.
     Recording into an empty cache costs a whole Spark run, so the suite checks make's recording instead of
     making a second one (40-80 s of a worker)."""
     said = []
