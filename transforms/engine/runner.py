@@ -13,6 +13,8 @@ count; the trigger interval leaves an idle gap to stop in, so the stop interrupt
 
 from __future__ import annotations
 
+import queue
+import threading
 import time
 from collections.abc import Callable
 
@@ -105,10 +107,14 @@ def run_query(spark, plan: QueryPlan, settings: Settings, tcp_addresses: dict[st
             spark = spark() if callable(spark) else spark
             report = _run_locked(spark, plan, settings, addresses, report, progress)
         if settings.close_windows and close_due(settings, plan):
-            _close_windows(spark() if callable(spark) else spark, plan, settings, addresses, report, progress)
+            with _CLOSING:  # one query's close records land at a time (the queries of an app run together)
+                _close_windows(spark() if callable(spark) else spark, plan, settings, addresses, report, progress)
         return report
     finally:
         lock.release()
+
+
+_CLOSING = threading.Lock()
 
 
 def _close_windows(spark, plan: QueryPlan, settings: Settings, addresses: dict, report: RunReport,
@@ -237,7 +243,44 @@ def stop_after_no_data_batch(query, planned_before: int, log, poll_seconds: floa
 
 def run_application(spark, app: Application, settings: Settings, tcp_addresses: dict[str, str] | None = None,
                     progress: Callable[[str], None] | None = None) -> list[RunReport]:
-    """Run each query of `app` in turn. Plan and TCP sink errors come before any query starts."""
+    """Run the queries of `app` together, each from a thread of its own: a small query's time is mostly
+    waiting (planning, its state store's commits, Delta's), which the others fill. Plan and TCP sink
+    errors come before any query starts. A failed query stops none of the others (each has its own
+    checkpoint and tables); the first failure, in plan order, is raised once all have ended. `progress`
+    is only called from the calling thread (a Dagster step's logger is the step's)."""
     resolve_tcp_sinks(app.name, app.sinks(), tcp_addresses)
     plans = plan_queries(app, settings)
-    return [run_query(spark, p, settings, tcp_addresses, progress) for p in plans]
+    if len(plans) <= 1:
+        return [run_query(spark, p, settings, tcp_addresses, progress) for p in plans]
+    said: queue.SimpleQueue[str] = queue.SimpleQueue()
+    outcomes: list[RunReport | BaseException | None] = [None] * len(plans)
+
+    def run(i: int, plan: QueryPlan) -> None:
+        try:
+            outcomes[i] = run_query(spark, plan, settings, tcp_addresses, said.put if progress else None)
+        except BaseException as e:  # noqa: BLE001 - handed to the calling thread, raised there
+            outcomes[i] = e
+
+    # Daemon threads: an interrupted caller (Ctrl-C) exits as it did when the queries ran in its own thread.
+    threads = [threading.Thread(target=run, args=(i, p), name=f"eventide-query-{p.name}", daemon=True)
+               for i, p in enumerate(plans)]
+    for t in threads:
+        t.start()
+    while any(t.is_alive() for t in threads):
+        _say_all(said, progress, wait=0.2)
+    _say_all(said, progress)
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException):
+            raise outcome
+    return outcomes
+
+
+def _say_all(said: queue.SimpleQueue, progress: Callable[[str], None] | None, wait: float = 0.0) -> None:
+    try:
+        message = said.get(timeout=wait) if wait else said.get_nowait()
+        while True:
+            if progress:
+                progress(message)
+            message = said.get_nowait()
+    except queue.Empty:
+        pass
