@@ -276,11 +276,12 @@ def run_application(spark, app: Application, settings: Settings, tcp_addresses: 
 
 
 def _say_all(said: queue.SimpleQueue, progress: Callable[[str], None] | None, wait: float = 0.0) -> None:
+    """Say what the queries' threads queued (only queued when there is a `progress`), waiting up to
+    `wait` s for the first message."""
     try:
         message = said.get(timeout=wait) if wait else said.get_nowait()
         while True:
-            if progress:
-                progress(message)
+            progress(message)
             message = said.get_nowait()
     except queue.Empty:
         pass
