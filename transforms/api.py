@@ -428,7 +428,7 @@ class KafkaSink:
     """Produce each encoded output as one Kafka record: the encoder's bytes as the value, `key(output)`
     (bytes or str; None: no key) as the record's key, to `topic` at `bootstrap` ("HOST:PORT[,HOST:PORT]").
     `EVENTIDE_SINK_<NAME>=kafka://HOST:PORT/TOPIC` (or `off`) overrides both. Exactly once for
-    `read_committed` consumers: each micro-batch is one Kafka transaction (see README, "Kafka as a
+    `read_committed` consumers: each micro-batch is one Kafka transaction (see docs/kafka.md, "Kafka as a
     source and a sink")."""
 
     name: str

@@ -1,4 +1,4 @@
-"""A user's own PySpark session reads Eventide's tables, as the README shows: `configure` gives the
+"""A user's own PySpark session reads Eventide's tables, as docs/operations.md shows: `configure` gives the
 session delta-spark's jars and settings, `register_tables` names the tables."""
 
 import os

@@ -92,15 +92,15 @@ def _wallaroo_outputs(name: str) -> list[tuple[int, int, str]]:
     return [(int(f["t"]), int(f["data"]), f["key"]) for f in (dict(p.split("=") for p in line.split(",")) for line in lines)]
 
 
-def test_the_readme_example_is_one_query_of_two_levels_with_wallaroos_first_sum():
+def test_the_docs_example_is_one_query_of_two_levels_with_wallaroos_first_sum():
     from transforms.engine.plan import KEEP_KEY, plan_queries
     from transforms.registry import registry_of
     from transforms.settings import Settings
 
-    readme = (REPO / "README.md").read_text()
+    readme = (REPO / "docs" / "windows.md").read_text()
     code = readme.split("## Multi-level pipelines", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
     scope: dict = {}
-    exec(compile(code, "README.md:Multi-level pipelines", "exec"), scope)
+    exec(compile(code, "docs/windows.md:Multi-level pipelines", "exec"), scope)
     app = scope["app"]
     (plan,) = plan_queries(app, Settings(app_registry=registry_of([app])))
     (level,) = plan.levels

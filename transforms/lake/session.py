@@ -3,7 +3,7 @@ home's tables registered in its catalog.
 
 The jars come from `make setup` (jvm/pom.xml, `mvn dependency:copy-dependencies`) into `<venv>/jars`:
 no Maven repository is reached at run time. `delta_spark_conf()` is all a user's own PySpark session
-needs (README: "Reading the tables from your own Spark session").
+needs (docs/operations.md: "Reading the tables from your own Spark session").
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Kafka as an app's source (issue K, item 3): the README's example (a topic of two partitions ->
+"""Kafka as an app's source (issue K, item 3): the example of docs/kafka.md (a topic of two partitions ->
 a running volume per symbol -> a Kafka sink) run as written, against a real broker (`eventide kafka`) and
 real Spark: each record once, each key in its partition's order, the key, partition, offset and timestamp
 a state computation gets from `kafka_record(ctx)` exactly the record's, a bad record in quarantine with its
@@ -22,14 +22,14 @@ pytestmark = [pytest.mark.spark, pytest.mark.timeout(300)]
 
 
 def readme_example(servers: str, trades: str, volumes: str) -> dict:
-    """The README's example (section "Kafka as a source and a sink"), run as a script with the broker's
+    """The example of docs/kafka.md (section "Kafka as a source and a sink"), run as a script with the broker's
     address and this test's topics."""
-    text = (REPO / "README.md").read_text().split("## Kafka as a source and a sink", 1)[1]
+    text = (REPO / "docs" / "kafka.md").read_text().split("## Kafka as a source and a sink", 1)[1]
     code = re.search(r"```python\n(.*?)```", text, re.S).group(1)
     code = code.replace("127.0.0.1:9092", servers).replace('topic="trades"', f'topic="{trades}"')
     code = code.replace('topic="volumes"', f'topic="{volumes}"')
     scope = {"__name__": "__main__"}  # a script's functions travel to Spark's workers by value
-    exec(compile(code, "README.md", "exec"), scope)
+    exec(compile(code, "docs/kafka.md", "exec"), scope)
     return scope
 
 

@@ -1,6 +1,7 @@
-"""The README's "Windows" example, run as written: SNIPPET is pasted verbatim into the README."""
+"""The "Windows" example of docs/windows.md, run as written: SNIPPET is that page's first Python block, word for word."""
 
 import types
+from pathlib import Path
 
 import pytest
 
@@ -33,11 +34,13 @@ app = Application(
 def load_snippet():
     """Run the snippet as a module of its own (Spark's workers get its functions by value)."""
     module = types.ModuleType("readme_windows_snippet")
-    exec(compile(SNIPPET, "README.md:Windows", "exec"), module.__dict__)
+    exec(compile(SNIPPET, "docs/windows.md:Windows", "exec"), module.__dict__)
     return module
 
 
-def test_the_snippet_is_readme_sized():
+def test_the_snippet_is_the_pages_example_and_short():
+    page = (Path(__file__).resolve().parents[2] / "docs" / "windows.md").read_text()
+    assert page.split("```python\n", 1)[1].split("```", 1)[0] == SNIPPET
     assert 15 <= len(SNIPPET.strip().splitlines()) <= 25
 
 
