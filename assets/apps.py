@@ -5,6 +5,7 @@ checkpoint, exactly once) and records what the run did as metadata. The checks a
 its sinks become asset checks of these assets (assets/checks.py).
 """
 
+import logging
 import re
 
 import dagster as dg
@@ -14,6 +15,11 @@ from assets.resources import EventideSettings, SparkResource
 from transforms import lake
 from transforms.api import Application, DeltaSink
 from transforms.engine import RunReport, run_application
+
+# Each query's progress (messages, batches, seconds) as the step says it to Dagster, also said here: a
+# process that runs the steps itself and shows its own console (`eventide run`, orchestration/runner.py)
+# prints it. Without a handler, as in the UI's runs, Python drops INFO records: they stay in Dagster's log.
+QUERY_PROGRESS = logging.getLogger("eventide.queries")
 
 
 def dagster_name(name: str) -> str:
@@ -83,7 +89,11 @@ def application_assets(app: Application, deps: list, group: str,
     def _run_app(context: dg.AssetExecutionContext, eventide: EventideSettings, spark: SparkResource):
         settings = eventide.get()
         # The session is started only by a query with something to do: a run with nothing new needs no JVM.
-        reports = run_application(lambda: spark.session(settings), app, settings, progress=context.log.info)
+        def say(message: str) -> None:
+            context.log.info(message)
+            QUERY_PROGRESS.info(message)
+
+        reports = run_application(lambda: spark.session(settings), app, settings, progress=say)
         for spec in specs:
             meta = table_metadata(settings, spec.key.path[-1], reports) if tables else run_metadata(reports)
             yield dg.MaterializeResult(asset_key=spec.key, metadata=meta)

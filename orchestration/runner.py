@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
+import logging
 import os
 import threading
 import time
@@ -544,6 +545,17 @@ def _needs(defs: dg.Definitions, run: DueRun) -> set[dg.AssetKey]:
     return keys.union(*(graph.get_ancestor_asset_keys(k) for k in keys))
 
 
+class _SayQueries(logging.Handler):
+    """Hands each query's progress, said by the app steps this process runs, to `run_all`'s `progress`."""
+
+    def __init__(self, say: Callable[[str], None]) -> None:
+        super().__init__(logging.INFO)
+        self.say = say
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.say(f"  {record.getMessage()}")
+
+
 def run_all(settings: Settings, progress: Callable[[str], None] = print, summaries: bool = True,
             spark_starting: threading.Thread | None = None) -> RunSummary:
     """The pipelines job, then (with `summaries`) every run the apps' sensors and schedules ask for.
@@ -556,7 +568,25 @@ def run_all(settings: Settings, progress: Callable[[str], None] = print, summari
 
     `spark_starting`: a thread starting the Spark session (transforms.spark.start_in_background), joined
     before anything runs or prints.
+
+    Each query's progress (messages, batches, seconds; every few seconds in a long run) is said through
+    `progress` as the steps say it to Dagster.
     """
+    from assets.apps import QUERY_PROGRESS
+
+    handler, level = _SayQueries(progress), QUERY_PROGRESS.level
+    QUERY_PROGRESS.addHandler(handler)
+    QUERY_PROGRESS.setLevel(logging.INFO)
+    try:
+        return _run_all(settings, progress, summaries, spark_starting)
+    finally:
+        QUERY_PROGRESS.removeHandler(handler)
+        QUERY_PROGRESS.setLevel(level)
+
+
+def _run_all(settings: Settings, progress: Callable[[str], None], summaries: bool,
+             spark_starting: threading.Thread | None) -> RunSummary:
+    """`run_all`, with the query progress of its steps said through `progress` already."""
     from orchestration.definitions import build_definitions
     from orchestration.sensors import PIPELINES_JOB
 

@@ -50,6 +50,12 @@ def test_new_app_ingests_runs_and_shows(tmp_path):
     run = _eventide(tmp_path, "run", EVENTIDE_APPS="sensors:app")
     assert run.returncode == 0, run.stdout + run.stderr
     assert "checks: 1 passed, 0 failed" in run.stdout
+    # Each query says what it did as it ends, between the run's own lines (before: only Dagster's log had it).
+    said = run.stdout.splitlines()
+    bronze, app = (said.index(f"  {q}: 6 messages in 1 batch, " + line.split(", ")[-1])
+                   for q in ("bronze_sensors", "sensors") for line in said if line.startswith(f"  {q}: 6 messages"))
+    assert said.index("running the pipelines (bronze, apps, quarantine) through Dagster ...") < bronze < app
+    assert app < next(i for i, line in enumerate(said) if line.startswith("  sensors_totals: +")), run.stdout
     shown = _eventide(tmp_path, "show", "sensors_totals", "--format", "json", EVENTIDE_APPS="sensors:app")
     assert shown.returncode == 0, shown.stderr
     rows = sorted((json.loads(line) for line in shown.stdout.splitlines()), key=lambda r: r["sensor"])

@@ -160,8 +160,14 @@ def _run_locked(spark, plan: QueryPlan, settings: Settings, addresses: dict, rep
     log = plan_log(settings, plan)
     report.input_rows += sum(landing_rows(p, log) for p in query.recentProgress)
     if progress:
-        progress(f"{plan.name}: {report.input_rows} messages in {report.batches} batches, {report.seconds:.1f} s")
+        progress(f"{plan.name}: {_count(report.input_rows, 'message')} in {_count(report.batches, 'batch')}, "
+                 f"{report.seconds:.1f} s")
     return report
+
+
+def _count(n: int, noun: str) -> str:
+    """`n` with its noun: "1 batch", "2 batches", "1,000,007 messages"."""
+    return f"{n:,} {noun if n == 1 else noun + ('es' if noun.endswith('ch') else 's')}"
 
 
 def _batch_progress(name: str, say: Callable[[str], None] | None, every: float = 5.0):
@@ -177,7 +183,7 @@ def _batch_progress(name: str, say: Callable[[str], None] | None, every: float =
         if now - state["last"] >= every:
             state["last"] = now
             lag = f", oldest message {max(done.latencies):.0f} s old" if done.latencies else ""
-            say(f"{name}: {state['batches']} batches, {state['rows']:,} rows written so far{lag}")
+            say(f"{name}: {_count(state['batches'], 'batch')}, {_count(state['rows'], 'row')} written so far{lag}")
 
     return on_batch
 
