@@ -8,6 +8,7 @@ import os
 import sys
 from pathlib import Path
 
+from orchestration.console import console
 from transforms.settings import ConfigError, get_settings, reset_settings
 
 _ANY_ADDRESS = ("", "0.0.0.0", "::")
@@ -118,11 +119,13 @@ def cmd_run(args, settings) -> int:
 
     open_log(settings).check()
 
-    # The JVM starts (2-4 s) while Dagster is imported and the definitions are built; none if nothing is new.
-    starting = start_in_background(settings) if home_has_work(settings) else None
-    from orchestration.runner import run_all
+    # The console first: the JVM's start redirects standard output to the Spark log for a while.
+    with console() as say:
+        # The JVM starts (2-4 s) while Dagster is imported and the definitions are built; none if nothing is new.
+        starting = start_in_background(settings) if home_has_work(settings) else None
+        from orchestration.runner import run_all
 
-    summary = run_all(settings, summaries=not args.pipelines_only, spark_starting=starting)
+        summary = run_all(settings, progress=say, summaries=not args.pipelines_only, spark_starting=starting)
     # Everything ran that could; now every failure, then the exit status.
     for f in summary.check_failures:
         print("\n".join(f.lines()))
@@ -165,7 +168,8 @@ def cmd_quarantine(args, settings) -> int:
     from orchestration.deadletter import replay_and_run, show_quarantine
 
     if args.action == "replay":
-        return replay_and_run(settings, args.stream, args.reason)
+        with console() as say:
+            return replay_and_run(settings, args.stream, args.reason, progress=say)
     print(show_quarantine(settings, args.stream, args.reason, args.format, args.limit), end="")
     return 0
 

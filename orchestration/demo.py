@@ -13,6 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from orchestration.console import console
 from orchestration.runner import run_all
 from orchestration.show import show_table
 from transforms import lake
@@ -56,7 +57,8 @@ def run_demo(settings: Settings) -> int:
     _say(f"   landed {sent} messages in {open_log(settings).describe()}")
 
     _say("2. eventide run: every pipeline, then the daily summaries and their checks, through Dagster")
-    summary = run_all(settings, progress=lambda line: _say(f"   {line}"))
+    with console() as say:
+        summary = run_all(settings, progress=lambda line: say(f"   {line}"))
     if not summary.ok:
         for f in summary.failures:
             _say(f"   error: {f}")

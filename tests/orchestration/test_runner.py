@@ -1,4 +1,5 @@
-"""Which requested runs `eventide run` and `serve` merge into one run over a range (no Spark)."""
+"""`eventide run`'s own parts, without Spark: which requested runs it (and `serve`) merge into one run over a
+range, and the console its progress is said to."""
 
 import warnings
 
@@ -65,3 +66,34 @@ def test_processes_starting_together_create_one_instance_they_can_all_open(tmp_p
     go.touch()
     outs = [p.communicate(timeout=120) for p in procs]
     assert all("OPENED" in out for out, _ in outs), [err[-500:] for out, err in outs if "OPENED" not in out]
+
+
+CAPTURED_STEP = r"""
+import os, sys, tempfile
+from orchestration.console import console
+
+captured = tempfile.NamedTemporaryFile(delete=False)
+with console() as say:
+    say("before the step")
+    # What Dagster does to a step's output: standard output's descriptor onto a file (then `tail -F` of it).
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(captured.fileno(), 1)
+    print("printed in the step", flush=True)
+    say("said in the step")
+    os.dup2(saved, 1)
+    say("after the step")
+print("captured:", open(captured.name).read().strip())
+"""
+
+
+def test_console_lines_said_in_a_captured_step_reach_the_console_at_once_and_in_order():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", CAPTURED_STEP], cwd=repo, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["before the step", "said in the step", "after the step",
+                                        "captured: printed in the step"]
