@@ -52,10 +52,15 @@ def test_new_app_ingests_runs_and_shows(tmp_path):
     assert "checks: 1 passed, 0 failed" in run.stdout
     # Each query says what it did as it ends, between the run's own lines (before: only Dagster's log had it).
     said = run.stdout.splitlines()
-    bronze, app = (said.index(f"  {q}: 6 messages in 1 batch, " + line.split(", ")[-1])
-                   for q in ("bronze_sensors", "sensors") for line in said if line.startswith(f"  {q}: 6 messages"))
-    assert said.index("running the pipelines (bronze, apps, quarantine) through Dagster ...") < bronze < app
-    assert app < next(i for i, line in enumerate(said) if line.startswith("  sensors_totals: +")), run.stdout
+
+    def line_of(start: str) -> int:
+        found = [i for i, line in enumerate(said) if line.startswith(start)]
+        assert len(found) == 1, (start, run.stdout)
+        return found[0]
+
+    assert (line_of("running the pipelines (bronze, apps, quarantine) through Dagster ...")
+            < line_of("  bronze_sensors: 6 messages in 1 batch, ") < line_of("  sensors: 6 messages in 1 batch, ")
+            < line_of("  sensors_totals: +")), run.stdout
     shown = _eventide(tmp_path, "show", "sensors_totals", "--format", "json", EVENTIDE_APPS="sensors:app")
     assert shown.returncode == 0, shown.stderr
     rows = sorted((json.loads(line) for line in shown.stdout.splitlines()), key=lambda r: r["sensor"])
