@@ -1,5 +1,5 @@
-"""A real Kafka broker (`eventide kafka`) per test module that asks for `broker`, and settings that make it
-the log under a topic prefix of the test's own."""
+"""A real Kafka broker (`eventide kafka`) for the test modules that ask for `broker`, and settings that make
+it the log under a topic prefix of the test's own."""
 
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ from transforms.kafka_broker import start_broker
 from transforms.settings import Settings
 
 
-@pytest.fixture(scope="module")
+# One broker per pytest worker, not per module: every test names topics (and transactional ids) of its own,
+# and a broker's start is a JVM's (seven modules ask for it).
+@pytest.fixture(scope="session")
 def broker(tmp_path_factory):
     with start_broker(tmp_path_factory.mktemp("kafka") / "broker") as b:
         yield b
