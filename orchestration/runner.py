@@ -446,6 +446,9 @@ def _automation_requests(defs: dg.Definitions, instance: dg.DagsterInstance, sen
     cursor = cursors.get(sensor.name) if cursors is not None else None
     with dg.build_sensor_context(instance=instance, repository_def=defs.get_repository_def(),
                                  sensor_name=sensor.name, cursor=cursor) as ctx:
+        # Dagster's evaluator says each step of the tick at INFO on its own console handler (the
+        # daemon's log); here the tick is said once, as the runs it asked for, and kept in the instance.
+        ctx.log.setLevel(logging.WARNING)
         data = sensor.evaluate_tick(ctx)
     if cursors is not None and data.cursor is not None:
         cursors[sensor.name] = data.cursor
