@@ -139,11 +139,12 @@ def _close_windows(spark, plan: QueryPlan, settings: Settings, addresses: dict, 
 def _run_locked(spark, plan: QueryPlan, settings: Settings, addresses: dict, report: RunReport,
                 progress: Callable[[str], None] | None) -> RunReport:
     started = time.time()
-    writer = BatchWriter(plan, settings, report, addresses, on_batch=_batch_progress(plan.name, progress))
+    said = BatchProgress(plan.name, progress) if progress else None
+    writer = BatchWriter(plan, settings, report, addresses, on_batch=said.batch_done if said else None)
     planned_before = last_planned_batch(plan.checkpoint(settings))
     # Timers need batches on the clock (see above); without them, availableNow ends by itself.
     trigger = {"processingTime": TIMER_TRIGGER} if plan.timers else {"availableNow": True}
-    query = start_query(spark, plan, settings, writer, trigger)
+    query = start_query(spark, plan, settings, _SaysProgress(writer, said) if said else writer, trigger)
     try:
         if plan.timers:
             stop_after_no_data_batch(query, planned_before, plan_log(settings, plan))
@@ -170,25 +171,43 @@ def _count(n: int, noun: str) -> str:
     return f"{n:,} {noun if n == 1 else noun + ('es' if noun.endswith('ch') else 's')}"
 
 
-def _batch_progress(name: str, say: Callable[[str], None] | None, every: float = 5.0):
-    """An on_batch hook that says how far a long run has got, at most every `every` seconds."""
-    if say is None:
-        return None
-    state = {"last": time.monotonic(), "batches": 0, "rows": 0}
+class BatchProgress:
+    """Says how far a long run has got, at most every `every` seconds: when a batch starts, what the
+    batches before it wrote. Said then, not as a batch ends, so the last batch (whose numbers the run's
+    closing line gives) and a run of one long batch say nothing twice."""
 
-    def on_batch(done) -> None:
-        state["batches"] += 1
-        state["rows"] += sum(n for t, n in done.rows_written.items() if not t.startswith("tcp:"))
-        now = time.monotonic()
-        if now - state["last"] >= every:
-            state["last"] = now
-            lag = f", oldest message {max(done.latencies):.0f} s old" if done.latencies else ""
-            say(f"{name}: {_count(state['batches'], 'batch')}, {_count(state['rows'], 'row')} written so far{lag}")
+    def __init__(self, name: str, say: Callable[[str], None], every: float = 5.0, clock=time.monotonic):
+        self.name, self.say, self.every, self.clock = name, say, every, clock
+        self.last = clock()
+        self.batches = self.rows = 0
+        self.lag: float | None = None
 
-    return on_batch
+    def batch_done(self, done) -> None:
+        """BatchWriter's on_batch: count what the batch wrote."""
+        self.batches += 1
+        self.rows += sum(n for t, n in done.rows_written.items() if not t.startswith("tcp:"))
+        self.lag = max(done.latencies) if done.latencies else None
+
+    def batch_starts(self) -> None:
+        now = self.clock()
+        if self.batches and now - self.last >= self.every:
+            self.last = now
+            lag = f", oldest message {self.lag:.0f} s old" if self.lag is not None else ""
+            self.say(f"{self.name}: {_count(self.batches, 'batch')}, {_count(self.rows, 'row')} written so far{lag}")
 
 
-def start_query(spark, plan: QueryPlan, settings: Settings, writer: BatchWriter, trigger: dict):
+class _SaysProgress:
+    """A query's foreachBatch function that lets `progress` speak before each batch's writes."""
+
+    def __init__(self, writer: BatchWriter, progress: BatchProgress):
+        self.writer, self.progress = writer, progress
+
+    def __call__(self, batch_df, batch_id: int) -> None:
+        self.progress.batch_starts()
+        self.writer(batch_df, batch_id)
+
+
+def start_query(spark, plan: QueryPlan, settings: Settings, writer: Callable, trigger: dict):
     """Start the plan's streaming query on its checkpoint, every batch through `writer`."""
     ckpt = plan.checkpoint(settings)
     ckpt.parent.mkdir(parents=True, exist_ok=True)

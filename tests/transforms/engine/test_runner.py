@@ -76,3 +76,26 @@ def test_the_queries_of_an_app_run_together_and_one_failure_stops_none_of_the_ot
     # Said on the calling thread only (a Dagster step's logger belongs to its step).
     assert said and {thread for thread, _ in said} == {threading.current_thread().name}
     assert any(m.startswith("together.second: 3 messages") for _, m in said), said
+
+
+def test_progress_is_said_when_a_later_batch_starts_so_nothing_is_said_twice():
+    from transforms.engine.sinks import BatchDone
+
+    now = [0.0]
+    said: list[str] = []
+    progress = runner.BatchProgress("q", said.append, every=5.0, clock=lambda: now[0])
+
+    def batch(seconds: float, rows: int) -> None:
+        progress.batch_starts()
+        now[0] += seconds
+        progress.batch_done(BatchDone("q", 0, {"t": rows, "tcp:out": 7}, [40.0, 50.0], now[0], False))
+
+    batch(11.0, 1_000)  # one long batch: the run's closing line gives its numbers, nothing before it
+    assert said == []
+    batch(1.0, 10)  # starts 11 s in: the first batch is said, TCP lines not counted as rows
+    assert said == ["q: 1 batch, 1,000 rows written so far, oldest message 50 s old"]
+    batch(1.0, 10)  # starts 1 s after the last line: too soon
+    batch(4.0, 10)
+    assert said[1:] == []
+    progress.batch_starts()  # 6 s after the last line
+    assert said[1:] == ["q: 4 batches, 1,030 rows written so far, oldest message 50 s old"]
