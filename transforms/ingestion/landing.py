@@ -6,9 +6,12 @@ Layout (one folder per sequence group, so streams that share state form one orde
     landing/<group>/seg-<first seq>-<last seq>.parquet   closed segments, immutable
 
 A segment becomes visible to Spark only when closed: written to a dot-file (Spark's file source
-ignores those), fsynced, then renamed. Segments of a group are closed in sequence order, so a file
-stream over the folder sees messages in arrival order across batches. The sequence number is
-global for the whole landing area and survives restarts (recovered from the files).
+ignores those), fsynced, then renamed. Spark's file source takes files in modification-time order
+(milliseconds), so a group's segments are closed in sequence order, each in a later millisecond than
+the one before, and a file stream over the folder sees messages in arrival order across batches; at a
+query's start, unread segments whose times lost that order (a home copied with `cp -r`) get it back
+(`order_unread_segments`). The sequence number is global for the whole landing area and survives
+restarts (recovered from the files).
 
 On start, a leftover journal (the gateway crashed) is turned into a segment: every whole record is
 kept; a torn tail is landed as a quarantine record with the reason, never silently dropped.
@@ -16,7 +19,9 @@ kept; a torn tail is landed as a quarantine record with the reason, never silent
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
+import logging
 import os
 import struct
 import time
@@ -144,6 +149,7 @@ class Lander(LogWriter):
         self._open: dict[str, _OpenSegment] = {}
         self._groups: dict[str, str] = {}  # stream -> its log; asking the registry per message cost half of ingest
         self._closed_at: dict[str, float] = {}  # when each log's last segment closed (clock time)
+        self._stamped_ns: dict[str, int] = {}  # each log's last segment's modification time (see _stamp)
         self.segments_closed = 0
         self.messages_landed = 0
         try:
@@ -313,8 +319,7 @@ class Lander(LogWriter):
             self.segments_closed += 1
         seg.path.unlink()
 
-    @staticmethod
-    def _write_segment(group_dir: Path, rows: list[tuple]) -> Path:
+    def _write_segment(self, group_dir: Path, rows: list[tuple]) -> Path:
         cols = list(zip(*rows))
         table = pa.Table.from_arrays(
             [
@@ -327,19 +332,105 @@ class Lander(LogWriter):
             ],
             schema=LANDING_SCHEMA,
         )
-        return Lander._write_table(group_dir, table, cols[1][0], cols[1][-1])
+        return self._write_table(group_dir, table, cols[1][0], cols[1][-1])
 
-    @staticmethod
-    def _write_table(group_dir: Path, table: pa.Table, first: int, last: int) -> Path:
+    def _write_table(self, group_dir: Path, table: pa.Table, first: int, last: int) -> Path:
         final = group_dir / segment_name(first, last)
         tmp = group_dir / f".{final.name}.tmp"
         with open(tmp, "wb") as f:
             pq.write_table(table, f, compression="zstd")
             f.flush()
             os.fsync(f.fileno())
+        self._stamp(group_dir, tmp)
         os.rename(tmp, final)
         fsync_dir(group_dir)
         return final
+
+
+    def _stamp(self, group_dir: Path, tmp: Path) -> None:
+        """Give a segment a modification time in a later millisecond than its log's previous segment.
+        Spark's file source reads files in modification-time order at millisecond resolution (ties in
+        listing order), and a query bounded per batch must take a log's segments in sequence order."""
+        before = self._stamped_ns.get(group_dir.name)
+        if before is None:
+            before = max((p.stat().st_mtime_ns for p in group_dir.glob("seg-*.parquet")), default=0)
+        now = time.time_ns()
+        stamp = max(now, before + MS_NS)
+        os.utime(tmp, ns=(now, stamp))
+        self._stamped_ns[group_dir.name] = stamp
+
+
+MS_NS = 1_000_000
+# Spark's file source forgets the files it read whose time is this much older than the newest it read
+# (its maxFileAge, 7 days by default); such a file, given a new time, would be read again.
+SPARK_FILE_AGE_MS = 7 * 24 * 3600 * 1000
+
+
+def _spark_ms(path: Path) -> int | None:
+    """A file's modification time as Spark's file source sees it (milliseconds); None if it is gone (moved
+    to the archive by a running serve: every query has read it)."""
+    try:
+        return path.stat().st_mtime_ns // MS_NS
+    except FileNotFoundError:
+        return None
+
+
+class LandingOutOfOrder(RuntimeError):
+    """A keyed query read a later part of its log before an earlier one."""
+
+
+def order_unread_segments(settings: Settings, plan) -> int:
+    """Make the segments `plan`'s query has not read yet come to it in sequence order; returns how many
+    were given new modification times (0 when they were in order).
+
+    Spark's file source takes files by modification time, so segments whose times are not in sequence
+    order (a home copied without them: `cp -r`, not `cp -a`) would reach a query bounded per batch out
+    of order, and keyed state would cut its windows wrong. Their times are set again, in sequence order,
+    ending now. A segment another query of the log has read keeps its time if that query's file source
+    may have forgotten it (older than its newest by nearly maxFileAge): it would read it again. Raises
+    LandingOutOfOrder if a keyed query already read past a segment it has not read."""
+    from transforms.engine.checkpoints import (
+        has_commits,
+        landing_log_of,
+        latest_checkpoints,
+        processed_segments,
+        read_file_times,
+    )
+
+    checkpoint = plan.checkpoint(settings)
+    _, read = processed_segments(checkpoint)
+    unread = [p for p in list_segments(settings, plan.group, archived=not has_commits(checkpoint)) if p.name not in read]
+    if read and plan.keyed:
+        last_read = max(parse_segment_name(name)[1] for name in read)
+        behind = [p.name for p in unread if parse_segment_name(p.name)[0] < last_read]
+        if behind:
+            raise LandingOutOfOrder(
+                f"query {plan.name!r} has read log {plan.group!r} up to sequence {last_read}, but not segment "
+                f"{behind[0]} ({len(behind)} such): it read the log out of order, so its keyed state and tables "
+                "may hold windows cut wrong (the segments' modification times were not in sequence order, as "
+                "after `cp -r` of a home; copy with `cp -a` or `rsync -a`). Process the log again: start a new "
+                f"generation of app {plan.app!r} (Application(..., generation={plan.generation + 1}))")
+    timed = [(p, t) for p in unread if (t := _spark_ms(p)) is not None]
+    unread, times = [p for p, _ in timed], [t for _, t in timed]
+    if all(a < b for a, b in zip(times, times[1:])):
+        return 0
+    others = [c for c in latest_checkpoints(settings.checkpoints) if c != checkpoint and landing_log_of(c) == plan.group]
+    for other in others:
+        seen = read_file_times(other)
+        newest = max(seen.values(), default=0)
+        forgotten = [p.name for p in unread if p.name in seen and seen[p.name] < newest - SPARK_FILE_AGE_MS + 24 * 3600 * 1000]
+        if forgotten:
+            raise LandingOutOfOrder(
+                f"the segments of log {plan.group!r} that query {plan.name!r} has not read have modification times "
+                f"out of sequence order (as after `cp -r` of a home; copy with `cp -a` or `rsync -a`), and setting "
+                f"them again would make the query of checkpoint {other} read {forgotten[0]} again. Restore the "
+                "segments' times from the original home (`touch -r`), or process the log again in a new generation")
+    now = time.time_ns() // MS_NS * MS_NS
+    for i, p in enumerate(unread):
+        stamp = now - (len(unread) - i) * MS_NS
+        with contextlib.suppress(FileNotFoundError):  # archived meanwhile: read by every query
+            os.utime(p, ns=(stamp, stamp))
+    return len(unread)
 
 
 def read_landed(settings: Settings, group: str) -> pa.Table:
@@ -417,6 +508,10 @@ class LandingLog(Log):
     def source(self, spark, plan):
         settings = self.settings
         (settings.landing / plan.group).mkdir(parents=True, exist_ok=True)
+        if restamped := order_unread_segments(settings, plan):
+            logging.getLogger(__name__).warning(
+                "%s: %d landing segment(s) of log %r had modification times out of sequence order (a copied "
+                "home?); set again in sequence order, so the query reads them in order", plan.name, restamped, plan.group)
         reader = spark.readStream.schema(LANDING_DDL)
         if settings.max_files_per_trigger:
             reader = reader.option("maxFilesPerTrigger", settings.max_files_per_trigger)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import datetime as dt
+import os
 import shutil
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -378,3 +380,102 @@ def test_a_bad_bound_is_refused_naming_the_variable():
         Settings(max_messages_per_trigger=-1)
     with pytest.raises(ConfigError, match="EVENTIDE_MAX_MESSAGES_PER_TRIGGER='many'"):
         Settings.from_env({"EVENTIDE_MAX_MESSAGES_PER_TRIGGER": "many"})
+
+
+def test_each_segment_of_a_log_is_a_later_millisecond_than_the_one_before(settings):
+    """Spark's file source takes a log's segments in modification-time order (milliseconds): a segment
+    closed in the same millisecond as the one before, or while the one before has a later time, still
+    comes after it."""
+    with Lander(settings) as lander:
+        lander.append_many("logs", [b"a"], "c")
+    (first,) = list_segments(settings, "logs")
+    ahead = first.stat().st_mtime_ns + 3600 * 10**9  # as if its clock ran an hour ahead
+    os.utime(first, ns=(ahead, ahead))
+    with Lander(settings) as lander:
+        for i in range(5):
+            lander.append_many("logs", [b"b%d" % i], "c")
+    times = [p.stat().st_mtime_ns // 1_000_000 for p in list_segments(settings, "logs")]
+    assert len(times) == 6 and all(a < b for a, b in zip(times, times[1:])), times
+
+
+def _stamp(paths, seconds_ago):
+    now = time.time()
+    for p, ago in zip(paths, seconds_ago):
+        os.utime(p, (now - ago, now - ago))
+
+
+@pytest.mark.spark
+def test_a_copied_home_whose_segments_lost_their_order_is_read_in_sequence_order(spark, tmp_path):
+    """A home copied without its files' times (`cp -r`): the log app, bounded to one segment a batch,
+    still closes each day's window at its marker (its segments are given times in sequence order)."""
+    from examples.logs import log_app
+    from tests.conftest import land
+    from tests.transforms.test_logs_app import closed_windows, log_messages
+    from transforms.engine import run_application
+    from transforms.streams import bronze_application
+
+    settings = Settings(home=tmp_path / "home", max_files_per_trigger=1)
+    messages = log_messages()
+    for i in range(0, len(messages), 400):
+        land(settings, "logs", messages[i:i + 400])
+    segments = list_segments(settings, "logs")
+    assert len(segments) >= 4
+    _stamp(segments, range(len(segments)))  # the newest first, as a copy may leave them
+    for app in (bronze_application("logs"), log_app):
+        run_application(spark, app, settings)
+    assert closed_windows(settings) == [(f"2004-03-{d:02d}", "marker") for d in range(7, 11)]
+    times = [p.stat().st_mtime_ns // 1_000_000 for p in list_segments(settings, "logs")]
+    assert all(a < b for a, b in zip(times, times[1:]))
+
+
+@pytest.mark.spark
+def test_a_keyed_query_that_read_its_log_out_of_order_stops_saying_what_to_do(spark, tmp_path):
+    from examples.logs import log_app
+    from tests.conftest import land
+    from tests.transforms.test_logs_app import log_messages
+    from transforms.engine import run_application
+
+    settings = Settings(home=tmp_path / "home")
+    messages = log_messages()
+    land(settings, "logs", messages[:500])
+    land(settings, "logs", messages[500:1000])
+    earlier, later = list_segments(settings, "logs")
+    aside = tmp_path / earlier.name
+    earlier.rename(aside)  # the app reads the later segment first
+    run_application(spark, log_app, settings)
+    aside.rename(earlier)
+    with pytest.raises(RuntimeError, match=r"read the log out of order.*generation=2") as failed:
+        run_application(spark, log_app, settings)
+    assert earlier.name in str(failed.value)
+
+
+@pytest.mark.spark
+def test_segments_another_query_may_have_forgotten_keep_their_times(spark, tmp_path):
+    """Spark's file source forgets a file it read once the newest it read is 7 days newer (maxFileAge),
+    and reads a forgotten file again if its time changes. So a query whose unread segments are out of
+    order stops, rather than set the time of a segment bronze has forgotten."""
+    from examples.logs import log_app
+    from tests.conftest import land
+    from tests.transforms.test_logs_app import log_messages
+    from transforms import lake
+    from transforms.engine import run_application
+    from transforms.streams import bronze_application
+
+    settings = Settings(home=tmp_path / "home")
+    messages = log_messages()
+    land(settings, "logs", messages[:500])
+    land(settings, "logs", messages[500:1000])
+    old, new = list_segments(settings, "logs")
+    week = 8 * 24 * 3600
+    _stamp([old, new], [week, 1])
+    run_application(spark, bronze_application("logs"), settings)
+    _stamp([old, new], [0, week])  # out of order for the app, which has read neither
+    with pytest.raises(RuntimeError, match=r"read .*seg-.* again"):
+        run_application(spark, log_app, settings)
+    # What the refusal prevents: bronze, started for a new segment, reads the forgotten one again now
+    # that its time changed (Spark compares times; Eventide's check that a query has work goes by name).
+    bronze = settings.table_path("bronze_log_lines")
+    assert lake.count(bronze) == 1000
+    land(settings, "logs", messages[1000:1100])
+    run_application(spark, bronze_application("logs"), settings)
+    assert lake.count(bronze) == 1000 + 100 + 500
