@@ -80,23 +80,6 @@ def _source_entries(folder: Path) -> list[tuple[int, str]]:
     return out
 
 
-def read_file_times(checkpoint: Path) -> dict[str, int]:
-    """Each landing segment the checkpoint's file source has listed, with the modification time (ms) it
-    recorded for it (what the source's maxFileAge is judged by)."""
-    source = _landing_source(checkpoint)
-    if source is None:
-        return {}
-    out = {}
-    for entry in _source_log(checkpoint / "sources" / str(source[0])):
-        try:
-            name = _file_name(entry)
-            if parse_segment_name(name):
-                out[name] = int(entry["timestamp"])
-        except (ValueError, KeyError, TypeError, AttributeError):
-            continue
-    return out
-
-
 def _landing_source(checkpoint: Path) -> tuple[int, list[tuple[int, str]]] | None:
     """The index and entries of the source that reads the landing: the one whose metadata log lists
     landing segments (a query with timers also reads Spark's rate-micro-batch clock, which has none)."""

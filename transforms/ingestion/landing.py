@@ -361,9 +361,12 @@ class Lander(LogWriter):
 
 
 MS_NS = 1_000_000
-# Spark's file source forgets the files it read whose time is this much older than the newest it read
-# (its maxFileAge, 7 days by default); such a file, given a new time, would be read again.
-SPARK_FILE_AGE_MS = 7 * 24 * 3600 * 1000
+# The file source's maxFileAge: by default it forgets a file it read once the newest it read is 7 days
+# newer, and reads a forgotten file again if its time changes (a copy, a restore, a `touch`): a
+# duplicate in every table. The log is read by name: no file is forgotten. A restart loads every file
+# the source's log names before forgetting any, so `run` holds no more; `serve` keeps the files it read
+# for its life (a few hundred bytes a segment), as its next restart would.
+NEVER_FORGET = "36500d"
 
 
 def _spark_ms(path: Path) -> int | None:
@@ -386,16 +389,9 @@ def order_unread_segments(settings: Settings, plan) -> int:
     Spark's file source takes files by modification time, so segments whose times are not in sequence
     order (a home copied without them: `cp -r`, not `cp -a`) would reach a query bounded per batch out
     of order, and keyed state would cut its windows wrong. Their times are set again, in sequence order,
-    ending now. A segment another query of the log has read keeps its time if that query's file source
-    may have forgotten it (older than its newest by nearly maxFileAge): it would read it again. Raises
+    ending now (no query reads a file it has read again for a new time: see NEVER_FORGET). Raises
     LandingOutOfOrder if a keyed query already read past a segment it has not read."""
-    from transforms.engine.checkpoints import (
-        has_commits,
-        landing_log_of,
-        latest_checkpoints,
-        processed_segments,
-        read_file_times,
-    )
+    from transforms.engine.checkpoints import has_commits, processed_segments
 
     checkpoint = plan.checkpoint(settings)
     _, read = processed_segments(checkpoint)
@@ -414,17 +410,6 @@ def order_unread_segments(settings: Settings, plan) -> int:
     unread, times = [p for p, _ in timed], [t for _, t in timed]
     if all(a < b for a, b in zip(times, times[1:])):
         return 0
-    others = [c for c in latest_checkpoints(settings.checkpoints) if c != checkpoint and landing_log_of(c) == plan.group]
-    for other in others:
-        seen = read_file_times(other)
-        newest = max(seen.values(), default=0)
-        forgotten = [p.name for p in unread if p.name in seen and seen[p.name] < newest - SPARK_FILE_AGE_MS + 24 * 3600 * 1000]
-        if forgotten:
-            raise LandingOutOfOrder(
-                f"the segments of log {plan.group!r} that query {plan.name!r} has not read have modification times "
-                f"out of sequence order (as after `cp -r` of a home; copy with `cp -a` or `rsync -a`), and setting "
-                f"them again would make the query of checkpoint {other} read {forgotten[0]} again. Restore the "
-                "segments' times from the original home (`touch -r`), or process the log again in a new generation")
     now = time.time_ns() // MS_NS * MS_NS
     for i, p in enumerate(unread):
         stamp = now - (len(unread) - i) * MS_NS
@@ -512,7 +497,7 @@ class LandingLog(Log):
             logging.getLogger(__name__).warning(
                 "%s: %d landing segment(s) of log %r had modification times out of sequence order (a copied "
                 "home?); set again in sequence order, so the query reads them in order", plan.name, restamped, plan.group)
-        reader = spark.readStream.schema(LANDING_DDL)
+        reader = spark.readStream.schema(LANDING_DDL).option("maxFileAge", NEVER_FORGET)
         if settings.max_files_per_trigger:
             reader = reader.option("maxFilesPerTrigger", settings.max_files_per_trigger)
         elif max_bytes := bytes_per_trigger(settings, plan.group, plan.messages_as_objects):
