@@ -45,9 +45,9 @@ def _log_lines(path: Path) -> list[str]:
     return lines[1:] if lines and lines[0].startswith("v") else []
 
 
-def _source_log(folder: Path) -> list[dict]:
-    """The entries of a file source's metadata log: the latest compacted file (which holds every entry up
-    to its batch) and the batch files after it."""
+def _source_entries(folder: Path) -> list[tuple[int, str]]:
+    """(batch id, file name) of every file a file source's metadata log lists: the latest compacted
+    file (which holds every entry up to its batch) and the batch files after it."""
     compacts = [int(p.name[: -len(".compact")]) for p in folder.iterdir()
                 if p.name.endswith(".compact") and p.name[: -len(".compact")].isdigit()]
     start = max(compacts, default=-1)
@@ -58,25 +58,9 @@ def _source_log(folder: Path) -> list[dict]:
         for line in _log_lines(path):
             try:
                 entry = json.loads(line)
-            except ValueError:
+                out.append((int(entry["batchId"]), Path(unquote(urlparse(entry["path"]).path)).name))
+            except (ValueError, KeyError, TypeError, AttributeError):
                 continue
-            if isinstance(entry, dict):
-                out.append(entry)
-    return out
-
-
-def _file_name(entry: dict) -> str:
-    return Path(unquote(urlparse(entry["path"]).path)).name
-
-
-def _source_entries(folder: Path) -> list[tuple[int, str]]:
-    """(batch id, file name) of every file a file source's metadata log lists."""
-    out = []
-    for entry in _source_log(folder):
-        try:
-            out.append((int(entry["batchId"]), _file_name(entry)))
-        except (ValueError, KeyError, TypeError, AttributeError):
-            continue
     return out
 
 

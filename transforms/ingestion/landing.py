@@ -24,6 +24,7 @@ import fcntl
 import logging
 import os
 import struct
+import threading
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -346,7 +347,6 @@ class Lander(LogWriter):
         fsync_dir(group_dir)
         return final
 
-
     def _stamp(self, group_dir: Path, tmp: Path) -> None:
         """Give a segment a modification time in a later millisecond than its log's previous segment.
         Spark's file source reads files in modification-time order at millisecond resolution (ties in
@@ -406,16 +406,20 @@ def order_unread_segments(settings: Settings, plan) -> int:
                 "may hold windows cut wrong (the segments' modification times were not in sequence order, as "
                 "after `cp -r` of a home; copy with `cp -a` or `rsync -a`). Process the log again: start a new "
                 f"generation of app {plan.app!r} (Application(..., generation={plan.generation + 1}))")
-    timed = [(p, t) for p in unread if (t := _spark_ms(p)) is not None]
-    unread, times = [p for p, _ in timed], [t for _, t in timed]
-    if all(a < b for a, b in zip(times, times[1:])):
-        return 0
-    now = time.time_ns() // MS_NS * MS_NS
-    for i, p in enumerate(unread):
-        stamp = now - (len(unread) - i) * MS_NS
-        with contextlib.suppress(FileNotFoundError):  # archived meanwhile: read by every query
-            os.utime(p, ns=(stamp, stamp))
-    return len(unread)
+    with _ORDERING:  # the queries of one app start together, from threads: one sets the times, once
+        timed = [(p, t) for p in unread if (t := _spark_ms(p)) is not None]
+        unread, times = [p for p, _ in timed], [t for _, t in timed]
+        if all(a < b for a, b in zip(times, times[1:])):
+            return 0
+        now = time.time_ns() // MS_NS * MS_NS
+        for i, p in enumerate(unread):
+            stamp = now - (len(unread) - i) * MS_NS
+            with contextlib.suppress(FileNotFoundError):  # archived meanwhile: read by every query
+                os.utime(p, ns=(stamp, stamp))
+        return len(unread)
+
+
+_ORDERING = threading.Lock()
 
 
 def read_landed(settings: Settings, group: str) -> pa.Table:
