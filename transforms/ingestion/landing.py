@@ -420,6 +420,8 @@ def order_unread_segments(settings: Settings, plan) -> int:
 
 
 _ORDERING = threading.Lock()
+# Under the queries' progress logger: `eventide run` says it with their lines (else it goes to stderr).
+ORDER_LOG = logging.getLogger("eventide.queries.landing")
 
 
 def read_landed(settings: Settings, group: str) -> pa.Table:
@@ -498,7 +500,7 @@ class LandingLog(Log):
         settings = self.settings
         (settings.landing / plan.group).mkdir(parents=True, exist_ok=True)
         if restamped := order_unread_segments(settings, plan):
-            logging.getLogger(__name__).warning(
+            ORDER_LOG.warning(
                 "%s: %d landing segment(s) of log %r had modification times out of sequence order (a copied "
                 "home?); set again in sequence order, so the query reads them in order", plan.name, restamped, plan.group)
         reader = spark.readStream.schema(LANDING_DDL).option("maxFileAge", NEVER_FORGET)
