@@ -53,6 +53,18 @@ _REC_HEAD = struct.Struct(">II")  # body length, crc32(body)
 _BODY_HEAD = struct.Struct(">qqHHH")  # seq, receive time (us), len stream, len connection, len error
 
 
+MS_NS = 1_000_000  # Spark's file source compares files' times in milliseconds
+# The file source's maxFileAge: by default it forgets a file it read once the newest it read is 7 days
+# newer, and reads a forgotten file again if its time changes (a copy, a restore, a `touch`): a
+# duplicate in every table. The log is read by name: no file is forgotten. A restart loads every file
+# the source's log names before forgetting any, so `run` holds no more; `serve` keeps the files it read
+# for its life (a few hundred bytes a segment), as its next restart would.
+NEVER_FORGET = "36500d"
+_ORDERING = threading.Lock()  # one query at a time gives its log's unread segments their order back
+# Under the queries' progress logger: `eventide run` says it with their lines (else it goes to stderr).
+ORDER_LOG = logging.getLogger("eventide.queries.landing")
+
+
 class LandingBusy(RuntimeError):
     pass
 
@@ -353,20 +365,12 @@ class Lander(LogWriter):
         listing order), and a query bounded per batch must take a log's segments in sequence order."""
         before = self._stamped_ns.get(group_dir.name)
         if before is None:
-            before = max((p.stat().st_mtime_ns for p in group_dir.glob("seg-*.parquet")), default=0)
+            live = list_segments(self.settings, group_dir.name, archived=False)
+            before = max((p.stat().st_mtime_ns for p in live), default=0)
         now = time.time_ns()
         stamp = max(now, before + MS_NS)
         os.utime(tmp, ns=(now, stamp))
         self._stamped_ns[group_dir.name] = stamp
-
-
-MS_NS = 1_000_000
-# The file source's maxFileAge: by default it forgets a file it read once the newest it read is 7 days
-# newer, and reads a forgotten file again if its time changes (a copy, a restore, a `touch`): a
-# duplicate in every table. The log is read by name: no file is forgotten. A restart loads every file
-# the source's log names before forgetting any, so `run` holds no more; `serve` keeps the files it read
-# for its life (a few hundred bytes a segment), as its next restart would.
-NEVER_FORGET = "36500d"
 
 
 def _spark_ms(path: Path) -> int | None:
@@ -418,10 +422,6 @@ def order_unread_segments(settings: Settings, plan) -> int:
                 os.utime(p, ns=(stamp, stamp))
         return len(unread)
 
-
-_ORDERING = threading.Lock()
-# Under the queries' progress logger: `eventide run` says it with their lines (else it goes to stderr).
-ORDER_LOG = logging.getLogger("eventide.queries.landing")
 
 
 def read_landed(settings: Settings, group: str) -> pa.Table:
