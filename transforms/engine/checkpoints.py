@@ -11,10 +11,13 @@ batches.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
+from transforms.files import fsync_dir
 from transforms.ingestion.segments import parse_segment_name
 
 
@@ -45,23 +48,29 @@ def _log_lines(path: Path) -> list[str]:
     return lines[1:] if lines and lines[0].startswith("v") else []
 
 
+def _latest_compact(folder: Path) -> int:
+    """The batch of a metadata log's latest compacted file (-1: none yet)."""
+    compacts = [int(p.name[: -len(".compact")]) for p in folder.iterdir()
+                if p.name.endswith(".compact") and p.name[: -len(".compact")].isdigit()] if folder.is_dir() else []
+    return max(compacts, default=-1)
+
+
+def _entry(line: str) -> tuple[int, str] | None:
+    """(batch id, file name) of a file source's log entry; None if it is not one."""
+    try:
+        entry = json.loads(line)
+        return int(entry["batchId"]), Path(unquote(urlparse(entry["path"]).path)).name
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
 def _source_entries(folder: Path) -> list[tuple[int, str]]:
     """(batch id, file name) of every file a file source's metadata log lists: the latest compacted
     file (which holds every entry up to its batch) and the batch files after it."""
-    compacts = [int(p.name[: -len(".compact")]) for p in folder.iterdir()
-                if p.name.endswith(".compact") and p.name[: -len(".compact")].isdigit()]
-    start = max(compacts, default=-1)
+    start = _latest_compact(folder)
     files = [folder / f"{start}.compact"] if start >= 0 else []
     files += [folder / str(b) for b in batch_ids(folder) if b > start]
-    out = []
-    for path in files:
-        for line in _log_lines(path):
-            try:
-                entry = json.loads(line)
-                out.append((int(entry["batchId"]), Path(unquote(urlparse(entry["path"]).path)).name))
-            except (ValueError, KeyError, TypeError, AttributeError):
-                continue
-    return out
+    return [e for path in files for line in _log_lines(path) if (e := _entry(line)) is not None]
 
 
 def _landing_source(checkpoint: Path) -> tuple[int, list[tuple[int, str]]] | None:
@@ -107,6 +116,57 @@ def processed_segments(checkpoint: Path) -> tuple[int | None, set[str]]:
     upto = _file_source_offset(checkpoint, last, index)
     upto = last if upto is None else upto
     return last, {name for batch, name in entries if batch <= upto and parse_segment_name(name)}
+
+
+def forget_source_files(checkpoint: Path, forget: Callable[[str], bool]) -> tuple[int, int]:
+    """Drop from the landing source's metadata log the entries of the files `forget(name)` says the query
+    will never list again; returns (entries in the compacted file before, entries dropped). Call it only
+    while no query runs on the checkpoint.
+
+    Spark's file source keeps every file it ever read in that log (its compaction keeps every entry),
+    rewrites the whole list every tenth batch and loads it at every start. Only the latest compacted
+    file is rewritten (it holds every entry up to its batch; the batch files after it hold nine batches
+    at most), and the entries of the source's last two committed batches and any later one are kept:
+    at a restart Spark plans the last committed batch again and runs one planned but not committed.
+    The rewrite is a new file renamed over the old one; Hadoop's checksum file of the old content goes
+    first, so no reader checks the new content against it (a file without one is not checked)."""
+    committed = batch_ids(checkpoint / "commits")
+    source = _landing_source(checkpoint)
+    if not committed or source is None:
+        return 0, 0
+    index = source[0]
+    folder = checkpoint / "sources" / str(index)
+    compact = _latest_compact(folder)
+    if compact < 0:
+        return 0, 0
+    upto = _file_source_offset(checkpoint, committed[-1], index)
+    upto = committed[-1] if upto is None else upto
+    path = folder / f"{compact}.compact"
+    lines = path.read_text().splitlines()
+    if not lines or not lines[0].startswith("v"):
+        return 0, 0
+    kept = [lines[0]] + [line for line in lines[1:]
+                         if (e := _entry(line)) is None or e[0] >= upto - 1 or not forget(e[1])]
+    dropped = len(lines) - len(kept)
+    if dropped:
+        tmp = folder / f".{path.name}.eventide-trim"  # a name Spark's log does not list
+        with tmp.open("w") as out:
+            out.write("\n".join(kept))
+            out.flush()
+            os.fsync(out.fileno())
+        (folder / f".{path.name}.crc").unlink(missing_ok=True)
+        fsync_dir(folder)
+        os.replace(tmp, path)
+        fsync_dir(folder)
+    return len(lines) - 1, dropped
+
+
+def file_list_bytes(checkpoint: Path) -> int:
+    """The size of a checkpoint's file sources' latest compacted logs: what a start loads, and what each
+    tenth batch rewrites (see forget_source_files)."""
+    sources = checkpoint / "sources"
+    return sum((sources / str(i) / f"{c}.compact").stat().st_size
+               for i in batch_ids(sources) if (c := _latest_compact(sources / str(i))) >= 0)
 
 
 def has_commits(checkpoint: Path) -> bool:

@@ -386,22 +386,36 @@ class LandingOutOfOrder(RuntimeError):
     """A keyed query read a later part of its log before an earlier one."""
 
 
-def order_unread_segments(settings: Settings, plan) -> int:
-    """Make the segments `plan`'s query has not read yet come to it in sequence order; returns how many
-    were given new modification times (0 when they were in order).
+def last_read_seq(read: set[str]) -> int | None:
+    """The last sequence number of the segments a query has read (None: none yet)."""
+    return max((parse_segment_name(name)[1] for name in read), default=None)
+
+
+def reads_archive(settings: Settings, group: str, read: set[str]) -> bool:
+    """Whether a query that has read the segments `read` of log `group` must still list the archive: it
+    holds a segment after the last one the query read. True for a query that read nothing yet (it
+    starts from the beginning) and for one stopped partway through the archive, however many batches
+    it committed; once false it stays false, since only segments every query committed are archived
+    (archive.py) and a query reads its log in sequence order."""
+    archive = settings.landing_archive / group
+    if not archive.is_dir():
+        return False
+    last = last_read_seq(read)
+    return any((seqs := parse_segment_name(p.name)) and (last is None or seqs[0] > last) for p in archive.iterdir())
+
+
+def order_unread_segments(settings: Settings, plan, read: set[str], with_archive: bool) -> int:
+    """Make the segments `plan`'s query has not read yet (`read`: those it has) come to it in sequence
+    order; returns how many were given new modification times (0 when they were in order).
 
     Spark's file source takes files by modification time, so segments whose times are not in sequence
     order (a home copied without them: `cp -r`, not `cp -a`) would reach a query bounded per batch out
     of order, and keyed state would cut its windows wrong. Their times are set again, in sequence order,
     ending now (no query reads a file it has read again for a new time: see NEVER_FORGET). Raises
     LandingOutOfOrder if a keyed query already read past a segment it has not read."""
-    from transforms.engine.checkpoints import has_commits, processed_segments
-
-    checkpoint = plan.checkpoint(settings)
-    _, read = processed_segments(checkpoint)
-    unread = [p for p in list_segments(settings, plan.group, archived=not has_commits(checkpoint)) if p.name not in read]
+    unread = [p for p in list_segments(settings, plan.group, archived=with_archive) if p.name not in read]
     if read and plan.keyed:
-        last_read = max(parse_segment_name(name)[1] for name in read)
+        last_read = last_read_seq(read)
         behind = [p.name for p in unread if parse_segment_name(p.name)[0] < last_read]
         if behind:
             raise LandingOutOfOrder(
@@ -498,8 +512,15 @@ class LandingLog(Log):
 
     def source(self, spark, plan):
         settings = self.settings
+        from transforms.engine.checkpoints import processed_segments
+        from transforms.ingestion.archive import forget_archived
+
         (settings.landing / plan.group).mkdir(parents=True, exist_ok=True)
-        if restamped := order_unread_segments(settings, plan):
+        read = processed_segments(plan.checkpoint(settings))[1]
+        with_archive = reads_archive(settings, plan.group, read)
+        if not with_archive:
+            forget_archived(settings, plan)
+        if restamped := order_unread_segments(settings, plan, read, with_archive):
             ORDER_LOG.warning(
                 "%s: %d landing segment(s) of log %r had modification times out of sequence order (a copied "
                 "home?); set again in sequence order, so the query reads them in order", plan.name, restamped, plan.group)
@@ -508,7 +529,7 @@ class LandingLog(Log):
             reader = reader.option("maxFilesPerTrigger", settings.max_files_per_trigger)
         elif max_bytes := bytes_per_trigger(settings, plan.group, plan.messages_as_objects):
             reader = reader.option("maxBytesPerTrigger", max_bytes)
-        return reader.option("basePath", str(settings.home.absolute())).parquet(landing_path(plan, settings))
+        return reader.option("basePath", str(settings.home.absolute())).parquet(landing_path(plan, settings, with_archive))
 
     def is_source(self, description: str) -> bool:
         return description.startswith("FileStreamSource")
@@ -516,10 +537,10 @@ class LandingLog(Log):
     def caught_up(self, plan) -> bool:
         from transforms.engine.checkpoints import processed_segments
 
-        last, processed = processed_segments(plan.checkpoint(self.settings))
-        # A query that committed nothing yet starts from the archive too (see landing_path).
-        return all(seg.name in processed
-                   for seg in list_segments(self.settings, plan.group, archived=last is None))
+        processed = processed_segments(plan.checkpoint(self.settings))[1]
+        if reads_archive(self.settings, plan.group, processed):  # see landing_path
+            return False
+        return all(seg.name in processed for seg in list_segments(self.settings, plan.group, archived=False))
 
     def position(self, group: str) -> set[str]:
         return {s.name for s in list_segments(self.settings, group, archived=False)}
@@ -530,7 +551,10 @@ class LandingLog(Log):
     def reached(self, plan, position: set[str]) -> bool:
         from transforms.engine.checkpoints import processed_segments
 
-        return position <= processed_segments(plan.checkpoint(self.settings))[1]
+        processed = processed_segments(plan.checkpoint(self.settings))[1]
+        # A segment archived since is one every query committed (its name may be forgotten: archive.py).
+        archive = self.settings.landing_archive / plan.group
+        return all(name in processed or (archive / name).exists() for name in position)
 
     def upkeep(self, plans: list) -> int:
         from transforms.ingestion.archive import archive_committed
@@ -560,18 +584,15 @@ class LandingLog(Log):
                 "PROCESSED TO: the last sequence a query committed (-: nothing yet)."]
 
 
-def landing_path(plan, settings: Settings) -> str:
+def landing_path(plan, settings: Settings, with_archive: bool) -> str:
     """What the query's file source reads, as a Hadoop glob under the home: the live folder of its
-    log, and also the archive (archive.py) while the query has committed nothing (it starts from
-    the beginning). Always a glob, with the home as base path: Spark sets a plain path as its own base
-    path, and a query that read the archive in its first run re-reads that batch's files after a
+    log, and also the archive (archive.py) while it holds segments the query has not read
+    (`reads_archive`: a new query starts from the beginning; one stopped partway through the archive
+    goes on from where it stopped). Always a glob, with the home as base path: Spark sets a plain path as
+    its own base path, and a query that read the archive re-reads the last batch's files after a
     restart (to set its source up) with whatever path it has then."""
-    from transforms.engine.checkpoints import has_commits
-
     live = settings.landing.name
-    folders = live
-    if not has_commits(plan.checkpoint(settings)) and (settings.landing_archive / plan.group).is_dir():
-        folders = f"{live},{settings.landing_archive.name}"
+    folders = f"{live},{settings.landing_archive.name}" if with_archive else live
     return f"{settings.home.absolute()}/{{{folders}}}/{plan.group}"
 
 
@@ -658,8 +679,10 @@ def _progress(settings: Settings, plan, log: _LogFiles) -> Progress:
 
     committed, names = processed_segments(plan.checkpoint(settings))
     streams = list(plan.streams)
-    done = [parse_segment_name(n) for n in names]
-    pending = [s for s in log.segments if s.path.name not in names]
+    last = last_read_seq(names)
+    # An archived segment up to the last one read was read, though its name may be forgotten (archive.py).
+    pending = [s for s in log.segments if s.path.name not in names
+               and not (s.path.parent == log.archive and last is not None and s.last <= last)]
     lag = sum(log.rows_of(s, streams) for s in pending)
     open_records = [r for r in log.open if r[0] in streams]
     oldest = None
@@ -670,6 +693,6 @@ def _progress(settings: Settings, plan, log: _LogFiles) -> Progress:
                 break
     if oldest is None and open_records:
         oldest = min(r[2] for r in open_records)
-    return Progress(last_committed_batch=committed, processed_segments=len(names),
-                    processed_last_seq=max((d[1] for d in done), default=None),
+    return Progress(last_committed_batch=committed, processed_segments=len(log.segments) - len(pending),
+                    processed_last_seq=last,
                     lag_messages=lag + len(open_records), oldest_unprocessed_us=oldest)

@@ -12,6 +12,8 @@ from transforms.ingestion.archive import archive_committed
 from transforms.ingestion.landing import Lander, list_segments, read_landed
 from transforms.streams import bronze_application
 
+COMPACT_INTERVAL = "spark.sql.streaming.fileSource.log.compactInterval"
+
 
 def _apps(settings):
     from examples.words import word_count
@@ -57,3 +59,90 @@ def test_committed_segments_are_archived_and_the_log_stays_whole(spark, settings
     # Sequence numbers continue after the archived segments.
     with Lander(settings) as lander:
         assert lander.append("text", b"f") == 5
+
+
+@pytest.mark.spark
+def test_a_new_query_stopped_partway_through_the_archive_reads_the_rest_when_started_again(spark, settings):
+    import dataclasses
+
+    from examples.words import decode_text
+    from transforms.engine.checkpoints import has_commits
+    from transforms.engine.live import LiveQuery
+
+    apps = _apps(settings)
+    lines = [f"line {i}".encode() for i in range(6)]
+    for line in lines:
+        land(settings, "text", [line])  # a segment each
+    for app in apps:
+        run_application(spark, app, settings)
+    assert archive_committed(settings, _plans(settings, apps)) == {"text": 6}
+
+    # A query added later starts from the archive, one segment a batch, and is stopped after its first commit.
+    echo = Application("echo", source("text", decoder=decode_text)
+                       .to_sink(DeltaSink("echo_lines", schema=pa.schema([("text", pa.string())]))))
+    bounded = dataclasses.replace(settings, max_files_per_trigger=1)
+    (plan,) = plan_queries(echo, bounded)
+    live = LiveQuery(spark, plan, bounded, {}, trigger_seconds=60)  # one batch, then a minute's wait
+    try:
+        import time
+
+        deadline = time.monotonic() + 120
+        while not has_commits(plan.checkpoint(bounded)) and time.monotonic() < deadline:
+            live.poll()
+            time.sleep(0.05)
+    finally:
+        live.stop()
+    assert 1 <= lake.count(settings.table_path("echo_lines")) < 6
+
+    run_application(spark, echo, settings)  # started again: it reads the rest of the archive, once
+    assert sorted(r["text"] for r in lake.read(settings.table_path("echo_lines")).to_pylist()) == [
+        f"line {i}" for i in range(6)]
+
+
+@pytest.mark.spark
+def test_a_query_forgets_the_archived_segments_it_read_and_reads_nothing_twice(spark, settings):
+    import dataclasses
+
+    from transforms.engine.checkpoints import processed_segments
+    from transforms.ingestion import open_log
+
+    settings = dataclasses.replace(settings, max_files_per_trigger=1)  # a batch a segment
+    apps = _apps(settings)
+    plans = _plans(settings, apps)
+    spark.conf.set(COMPACT_INTERVAL, "3")  # Spark compacts its list of files at batches 2, 5, 8, ...
+    try:
+        for i in range(6):
+            land(settings, "text", [f"w{i} common".encode()])
+        for app in apps:
+            run_application(spark, app, settings)
+        assert archive_committed(settings, plans) == {"text": 6}
+        compacted = [p.checkpoint(settings) / "sources" / "0" / "5.compact" for p in plans]
+        assert all(len(c.read_text().splitlines()) == 1 + 6 for c in compacted)  # batches 0-5
+
+        for i in range(6, 8):
+            land(settings, "text", [f"w{i} common".encode()])
+        for app in apps:  # each query's start forgets the archived segments of batches 0-3 (not the last two)
+            run_application(spark, app, settings)
+        for plan, c in zip(plans, compacted):
+            assert c.read_text().splitlines()[0] == "v1" and len(c.read_text().splitlines()) == 1 + 2
+            assert not (c.parent / ".5.compact.crc").exists()  # Hadoop's checksum of the old list went with it
+            last, names = processed_segments(plan.checkpoint(settings))
+            assert last == 7 and len(names) == 4  # batches 4-7
+        totals = {r["word"]: r["count"] for r in lake.read(settings.table_path("word_totals")).to_pylist()}
+        assert totals == {"common": 8, **{f"w{i}": 1 for i in range(8)}}
+        assert lake.count(settings.table_path(settings.registry.stream("text").bronze_table)) == 8
+
+        # What reads the checkpoints still counts the forgotten segments as read.
+        _, progress = open_log(settings).status(plans, 0.0)
+        assert all(p.lag_messages == 0 and p.processed_segments == 8 and p.processed_last_seq == 8
+                   for p in progress.values())
+        assert all(open_log(settings).caught_up(p) for p in plans)
+        every = {s.name for s in list_segments(settings, "text")}
+        assert all(open_log(settings).reached(p, every) for p in plans)
+        archive_committed(settings, plans)
+        land(settings, "text", [b"w8 common"])  # and Spark goes on from the rewritten list
+        for app in apps:
+            run_application(spark, app, settings)
+        assert lake.count(settings.table_path(settings.registry.stream("text").bronze_table)) == 9
+    finally:
+        spark.conf.unset(COMPACT_INTERVAL)
