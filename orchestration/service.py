@@ -284,6 +284,11 @@ class Service:
             self.say(f"archiving the landing failed: {e}")
             return
         self.archived += moved
+        for q in self.queries:  # a long-running query's list of files stays short (live.py)
+            try:
+                q.restart_if_file_list_grew(STOP_GRACE_SECONDS)
+            except OSError as e:  # it goes on as it is; the next round tries again
+                self.say(f"{q.name}: could not measure its checkpoint's list of files: {e}")
 
     def _follow_main(self) -> None:
         last_schedules = 0.0

@@ -4,7 +4,9 @@ other over one home. A query holds its lock while it runs (locks.py): a run star
 it, and a live query waits for a run in progress to finish before it starts.
 
 A query that fails is reported and started again after a backoff (1 s, doubling up to a minute);
-its checkpoint makes the restart exactly once. `stop` lets the batch in flight commit first.
+its checkpoint makes the restart exactly once. `stop` lets the batch in flight commit first. A query
+whose checkpoint's list of files grew by `file_list_restart_mb` is restarted the same way, so it
+forgets what it will never read again (ingestion/archive.py, forget_archived).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from transforms.engine.checkpoints import explain_checkpoint_error
+from transforms.engine.checkpoints import explain_checkpoint_error, file_list_bytes
 from transforms.engine.locks import QueryLock, describe, holder_of
 from transforms.engine.plan import QueryPlan
 from transforms.engine.report import RunReport
@@ -44,6 +46,7 @@ class LiveQuery:
         self.writer: BatchWriter | None = None
         self.failures = 0
         self.restart_at = 0.0  # monotonic time before which a failed query is not started again
+        self.file_list_at_start = 0  # bytes of its checkpoint's list of files when the query started
         self.waiting_said = False
 
     @property
@@ -72,6 +75,24 @@ class LiveQuery:
             self.query = start_query(self.spark, self.plan, self.settings, self.writer, {"processingTime": self.trigger})
         except Exception as e:  # noqa: BLE001 - a query that cannot start is retried like one that failed
             self._failed(e)
+            return
+        self.file_list_at_start = file_list_bytes(self.plan.checkpoint(self.settings))
+
+    def restart_if_file_list_grew(self, grace_seconds: float = 30.0) -> bool:
+        """Restart the query (keeping its lock) once its checkpoint's list of files grew by
+        `file_list_restart_mb` since it started: Spark rewrites that list every tenth batch and loads it at
+        a start, and a start forgets the archived segments in it. Returns whether it restarted."""
+        limit = self.settings.file_list_restart_mb * 1e6
+        if not limit or not self.running:
+            return False
+        grown = file_list_bytes(self.plan.checkpoint(self.settings)) - self.file_list_at_start
+        if grown < limit:
+            return False
+        self.say(f"{self.name}: restarting, so that it forgets the archived segments it read (its checkpoint's "
+                 f"list of files grew {grown / 1e6:.1f} MB)")
+        self._stop_query(grace_seconds)
+        self._start()
+        return True
 
     def _failed(self, error) -> None:
         self.failures += 1
@@ -85,6 +106,10 @@ class LiveQuery:
 
     def stop(self, grace_seconds: float = 30.0) -> None:
         """Let the batch in flight commit (up to `grace_seconds`), then stop and give the lock back."""
+        self._stop_query(grace_seconds)
+        self.lock.release()
+
+    def _stop_query(self, grace_seconds: float) -> None:
         q = self.query
         if q is not None:
             deadline = time.monotonic() + grace_seconds
@@ -93,7 +118,6 @@ class LiveQuery:
             q.stop()
         self._close_writer()
         self.query = None
-        self.lock.release()
 
     def _close_writer(self) -> None:
         if self.writer is not None:

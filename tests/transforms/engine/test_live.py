@@ -82,3 +82,41 @@ def test_a_wall_clock_window_closes_on_time_under_a_live_query_without_new_messa
         live.stop()
     (row,) = lake.read(path).to_pylist()
     assert (row["key"], row["lines"], row["reason"]) == ("a", 3, "timer")
+
+
+@pytest.mark.spark
+def test_a_query_whose_list_of_files_grew_is_restarted_forgets_the_archived_ones_and_reads_nothing_twice(
+        spark, settings):
+    import dataclasses
+
+    import pyarrow as pa
+
+    from examples.words import decode_text
+    from transforms import lake
+    from transforms.api import Application, DeltaSink, source
+    from transforms.ingestion import open_log
+    from transforms.ingestion.archive import archive_committed
+
+    echo = Application("echo", source("text", decoder=decode_text)
+                       .to_sink(DeltaSink("echo_lines", schema=pa.schema([("text", pa.string())]))))
+    settings = dataclasses.replace(settings, max_files_per_trigger=1, file_list_restart_mb=1e-6)  # any growth
+    (plan,) = plan_queries(echo, settings)
+    table, compacted = settings.table_path("echo_lines"), plan.checkpoint(settings) / "sources" / "0" / "2.compact"
+    said = []
+    live = LiveQuery(spark, plan, settings, {}, say=said.append, trigger_seconds=0.2)
+    spark.conf.set("spark.sql.streaming.fileSource.log.compactInterval", "3")  # at batches 2, 5, ...
+    try:
+        for i in range(4):
+            land(settings, "text", [f"line {i}".encode()])  # a segment, so a batch, each
+        assert _poll_until(live, lambda: open_log(settings).caught_up(plan), 120), said  # 4 batches committed
+        assert archive_committed(settings, [plan]) == {"text": 4}
+        assert live.restart_if_file_list_grew()  # its list grew at batch 2 (Spark's compaction): restarted
+        assert "echo: restarting, so that it forgets the archived segments it read" in said[-1]
+        assert live.running and len(compacted.read_text().splitlines()) == 1 + 1  # batch 2's only
+        assert not live.restart_if_file_list_grew()  # measured from the new start
+        land(settings, "text", [b"line 4"])
+        assert _poll_until(live, lambda: lake.count(table) == 5, 120), said
+    finally:
+        live.stop()
+        spark.conf.unset("spark.sql.streaming.fileSource.log.compactInterval")
+    assert sorted(r["text"] for r in lake.read(table).to_pylist()) == [f"line {i}" for i in range(5)]
