@@ -133,8 +133,9 @@ class Settings:
     bronze_trigger_interval: float = 10.0
     # `eventide serve`: a query whose checkpoint's list of the files it read grew this many MB since it
     # started is restarted (after its batch in flight commits), so it forgets the archived segments in it
-    # (archive.forget_archived); about 45,000 segments, three hours of one log at its busiest. 0 = never.
-    file_list_restart_mb: float = 8.0
+    # (archive.forget_archived); about 25,000 segments, under two hours of one log at its busiest (Eventide
+    # reads every query's list every 10 s to archive: about 0.1 s at that size). 0 = never.
+    file_list_restart_mb: float = 4.0
     # `eventide serve`: at most one Dagster event per table in this many seconds.
     report_interval: float = 5.0
     # `eventide run --close-windows`: at the end of each run, close every key's open windows (reason

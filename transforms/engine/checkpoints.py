@@ -59,7 +59,7 @@ def _entry(line: str) -> tuple[int, str] | None:
     """(batch id, file name) of a file source's log entry; None if it is not one."""
     try:
         entry = json.loads(line)
-        return int(entry["batchId"]), Path(unquote(urlparse(entry["path"]).path)).name
+        return int(entry["batchId"]), unquote(entry["path"].rsplit("/", 1)[-1])  # a URL's last part: its name
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
 
@@ -81,6 +81,21 @@ def _landing_source(checkpoint: Path) -> tuple[int, list[tuple[int, str]]] | Non
         entries = _source_entries(sources / str(index))
         if any(parse_segment_name(name) for _, name in entries):
             return index, entries
+    return None
+
+
+def _landing_source_index(checkpoint: Path) -> int | None:
+    """The index of the source that reads the landing, from the first entry of each source's log (what
+    _landing_source finds, without reading every entry)."""
+    sources = checkpoint / "sources"
+    for index in batch_ids(sources):
+        folder = sources / str(index)
+        for path in sorted(folder.iterdir(), key=lambda p: p.name):
+            for line in _log_lines(path) if not path.name.startswith(".") else ():
+                if (entry := _entry(line)) is not None:
+                    if parse_segment_name(entry[1]):
+                        return index
+                    break
     return None
 
 
@@ -131,10 +146,9 @@ def forget_source_files(checkpoint: Path, forget: Callable[[str], bool]) -> tupl
     The rewrite is a new file renamed over the old one; Hadoop's checksum file of the old content goes
     first, so no reader checks the new content against it (a file without one is not checked)."""
     committed = batch_ids(checkpoint / "commits")
-    source = _landing_source(checkpoint)
-    if not committed or source is None:
+    index = _landing_source_index(checkpoint) if committed else None
+    if index is None:
         return 0, 0
-    index = source[0]
     folder = checkpoint / "sources" / str(index)
     compact = _latest_compact(folder)
     if compact < 0:

@@ -55,9 +55,9 @@ def forget_archived(settings: Settings, plan: QueryPlan) -> int:
 
     Spark's file source remembers every file it read and rewrites the whole list every tenth batch, so
     under `serve` (up to four segments a second a log) a query's start and every tenth batch cost more
-    each day (measured, 300,000 entries, about a day of one busy log: a start 2.6 s instead of 0.4, every
-    tenth batch 1.4-2.0 s instead of 0.25; bench/README.md). `serve` restarts a query whose list grew
-    (live.py), and each start forgets."""
+    each day (measured, 300,000 entries, about a day of one busy log: a start 2.6 s instead of 0.3, every
+    tenth batch 1.4-2.0 s instead of 0.3; `python -m bench.file_list`). `serve` restarts a query whose list
+    grew (live.py), and each start forgets."""
     archive = settings.landing_archive / plan.group
     if not archive.is_dir():
         return 0
