@@ -10,7 +10,11 @@ reader of the list (`processed_segments`, which serve's archiving runs every 10 
 forgetting the old entries (`forget_source_files`, what a start does once they are archived), and
 the restart and 30 batches after it. The rows out are checked: each file read once.
 
-    python -m bench.file_list [--entries 300000] [--out FILE.json]
+Then the archive's side (no Spark): `--segments` one-row segments archived (archive_segments, which notes
+their row counts), and `eventide status`'s reading of the log (landing._LogFiles) with those counts and
+without them (every footer opened).
+
+    python -m bench.file_list [--entries 300000] [--segments 50000] [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -112,15 +116,49 @@ def measure(entries: int, root: Path) -> dict:
     return result
 
 
+def measure_status(segments: int, root: Path) -> dict:
+    import pyarrow.parquet as pq
+
+    from transforms.ingestion.archive import ROWS_FILE, archive_segments
+    from transforms.ingestion.landing import LANDING_SCHEMA, _LogFiles
+    from transforms.ingestion.segments import segment_name
+    from transforms.settings import Settings
+
+    settings = Settings(home=root / "home")
+    live = settings.landing / "text"
+    live.mkdir(parents=True)
+    row = LANDING_SCHEMA.empty_table().to_pylist()
+    import pyarrow as pa
+
+    one = pa.Table.from_pylist(row + [{"seq": 1, "stream": "text", "payload": b"x"}], schema=LANDING_SCHEMA)
+    names = set()
+    for seq in range(1, segments + 1):
+        pq.write_table(one, live / segment_name(seq, seq))
+        names.add(segment_name(seq, seq))
+    start = time.perf_counter()
+    archive_segments(settings, "text", names)
+    result: dict = {"segments": segments, "archive_s": round(time.perf_counter() - start, 3)}
+    for label in ("status_with_counts_s", "status_footers_s"):
+        if label == "status_footers_s":
+            (settings.landing_archive / "text" / ROWS_FILE).unlink()
+        start = time.perf_counter()
+        log = _LogFiles(settings, "text", ["text"])
+        result[label] = round(time.perf_counter() - start, 3)
+        assert log.status().messages == segments
+    return result
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--entries", type=int, default=300_000)
+    parser.add_argument("--segments", type=int, default=50_000)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     root = Path(tempfile.mkdtemp(prefix="eventide-file-list-"))
     try:
-        result = measure(args.entries, root)
+        result = {"checkpoint": measure(args.entries, root / "checkpoint"),
+                  "archive": measure_status(args.segments, root / "archive")}
     finally:
         shutil.rmtree(root, ignore_errors=True)
     print(json.dumps(result))

@@ -1,8 +1,10 @@
 """Archiving the landing under `eventide serve`: segments every query reading a log has committed move
 out of the folder Spark's file source lists on every trigger (archive_segments), so that folder stays
 small over a day of low-latency operation. The log stays whole and replayable: readers of the landing
-(`list_segments`, quarantine replay, recovery) see both folders, and a query that has committed nothing
-yet reads both (runner.build_stream).
+(`list_segments`, quarantine replay, recovery) see both folders, and a query with archived segments still
+to read (one that has committed nothing yet, or stopped partway through the archive) lists both
+(landing.reads_archive). A query that no longer lists the archive forgets the archived segments in its
+checkpoint (forget_archived), and the archive keeps its segments' row counts for `eventide status`.
 
 "Every query" is every checkpoint under the home that reads the log (its latest generation), and every
 registered query of the log that has no checkpoint yet, so a segment is archived only once nothing may
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import os
 from collections import defaultdict
+from pathlib import Path
 
 from transforms.engine.checkpoints import (
     forget_source_files,
@@ -71,14 +74,44 @@ def archive_segments(settings: Settings, group: str, names: set[str]) -> int:
     650 ms with 40,000), so under `eventide serve` the live folder must only hold what some query may
     still read. A rename on one file system: a segment is in exactly one of the two folders."""
     live, archive = settings.landing / group, settings.landing_archive / group
-    moved = 0
+    moved = []
     for name in sorted(names):
         if not parse_segment_name(name) or not (live / name).exists():
             continue
         archive.mkdir(parents=True, exist_ok=True)
         os.rename(live / name, archive / name)
-        moved += 1
+        moved.append(name)
     if moved:
         fsync_dir(archive)
         fsync_dir(live)
-    return moved
+        _note_rows(archive, moved)
+    return len(moved)
+
+
+# The archive's row counts by segment (`<name> <rows>` a line), so `eventide status` need not open every
+# archived segment's footer (measured: 4.1 s for 50,000 segments, about 3.5 hours of one busy log).
+ROWS_FILE = ".rows"
+
+
+def _note_rows(archive: Path, names: list[str]) -> None:
+    """Append the row counts of newly archived segments to ROWS_FILE: a cache (a segment it lacks, after a
+    crash say, has its footer read instead), so it is neither fsynced nor locked against a torn line."""
+    import pyarrow.parquet as pq
+
+    lines = "".join(f"{name} {pq.read_metadata(archive / name).num_rows}\n" for name in names)
+    with (archive / ROWS_FILE).open("a") as f:
+        f.write(lines)
+
+
+def archived_rows(archive: Path) -> dict[str, int]:
+    """The row counts ROWS_FILE holds for the segments of an archive folder ({} if none)."""
+    try:
+        text = (archive / ROWS_FILE).read_text()
+    except FileNotFoundError:
+        return {}
+    rows = {}
+    for line in text.splitlines():
+        name, _, count = line.partition(" ")
+        if count.isdigit():
+            rows[name] = int(count)
+    return rows

@@ -628,10 +628,16 @@ class _LogFiles:
                 records.extend(_read_journal(journal)[0])
             except FileNotFoundError:
                 continue  # closed meanwhile: its records are in a segment now
+        from transforms.ingestion.archive import archived_rows
+
+        noted = archived_rows(self.archive)
         self.segments = []
         for path in list_segments(settings, log):
             first, last = parse_segment_name(path.name)
-            self.segments.append(_Segment(path, first, last, _read(pq.read_metadata, self.archive, path).num_rows))
+            rows = noted.get(path.name) if path.parent == self.archive else None
+            if rows is None:
+                rows = _read(pq.read_metadata, self.archive, path).num_rows
+            self.segments.append(_Segment(path, first, last, rows))
         closed = max((s.last for s in self.segments), default=0)
         # (stream, seq, receive time in us) of the records landed but not in a closed segment yet
         self.open = sorted(((r[0], r[1], r[2]) for r in records if r[1] > closed), key=lambda r: r[1])

@@ -8,7 +8,8 @@ from tests.conftest import land
 from transforms import lake
 from transforms.api import Application, DeltaSink, source
 from transforms.engine import plan_queries, run_application
-from transforms.ingestion.archive import archive_committed
+from transforms.ingestion import open_log
+from transforms.ingestion.archive import ROWS_FILE, archive_committed, archived_rows
 from transforms.ingestion.landing import Lander, list_segments, read_landed
 from transforms.streams import bronze_application
 
@@ -38,6 +39,13 @@ def test_committed_segments_are_archived_and_the_log_stays_whole(spark, settings
     run_application(spark, apps[1], settings)
     assert archive_committed(settings, _plans(settings, apps)) == {"text": 3}
     assert list_segments(settings, "text", archived=False) == [] and len(list_segments(settings, "text")) == 3
+    archive = settings.landing_archive / "text"
+    assert archived_rows(archive) == {p.name: 1 for p in list_segments(settings, "text")}
+    # `eventide status` counts the archive's messages from those counts, and reads a footer for one it lacks.
+    first, second, third = (p.name for p in list_segments(settings, "text"))
+    (archive / ROWS_FILE).write_text(f"{first} 7\n{second} 1\n")
+    (text,) = [g for g in open_log(settings).status(_plans(settings, apps), 0.0)[0] if g.log == "text"]
+    assert text.messages == 7 + 1 + 1
     assert [r["payload"] for r in read_landed(settings, "text").to_pylist()] == [b"a b", b"b c", b"c d"]
 
     land(settings, "text", [b"d e"])
@@ -104,7 +112,6 @@ def test_a_query_forgets_the_archived_segments_it_read_and_reads_nothing_twice(s
     import dataclasses
 
     from transforms.engine.checkpoints import processed_segments
-    from transforms.ingestion import open_log
 
     settings = dataclasses.replace(settings, max_files_per_trigger=1)  # a batch a segment
     apps = _apps(settings)
