@@ -89,7 +89,7 @@ def archive_segments(settings: Settings, group: str, names: set[str]) -> int:
 
 
 # The archive's row counts by segment (`<name> <rows>` a line), so `eventide status` need not open every
-# archived segment's footer (measured: 4.1 s for 50,000 segments, about 3.5 hours of one busy log).
+# archived segment's footer (50,000 segments, about 3.5 hours of one busy log: 3.65 s -> 0.49 s; bench.file_list).
 ROWS_FILE = ".rows"
 
 

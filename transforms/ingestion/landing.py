@@ -511,10 +511,10 @@ class LandingLog(Log):
         return Lander(self.settings)
 
     def source(self, spark, plan):
-        settings = self.settings
         from transforms.engine.checkpoints import processed_segments
         from transforms.ingestion.archive import forget_archived
 
+        settings = self.settings
         (settings.landing / plan.group).mkdir(parents=True, exist_ok=True)
         read = processed_segments(plan.checkpoint(settings))[1]
         with_archive = reads_archive(settings, plan.group, read)
