@@ -159,7 +159,8 @@ def cmd_upkeep(args, settings) -> int:
     from transforms.spark import get_spark
 
     print(f"compacting and vacuuming the tables under {settings.lake} (files older than {settings.vacuum_hours:g} h)")
-    for r in lake.upkeep(get_spark(settings), settings.lake, settings.vacuum_hours):
+    for r in lake.upkeep(get_spark(settings), settings.lake, settings.vacuum_hours,
+                         log_retention_hours=settings.log_retention_hours):
         print(f"  {r.table}: {r.files_before} -> {r.files_after} files, {r.vacuumed} deleted from disk")
     return 0
 

@@ -266,6 +266,7 @@ class Service:
 
         try:
             done = lake.upkeep(spark, self.settings.lake, self.settings.vacuum_hours,
+                               log_retention_hours=self.settings.log_retention_hours,
                                revisit_after=lake.REVISIT_UNCHANGED_SECONDS)
         except Exception as e:  # noqa: BLE001 - the tables stay as they are; the next round tries again
             self.say(f"lake upkeep failed (the next round tries again): {e}")

@@ -127,3 +127,41 @@ def test_upkeep_leaves_a_table_whose_last_commit_is_its_upkeep_alone_for_a_while
     assert upkept() == ["a", "b"]
     assert lake.count(tmp_path / "a") == 3 and lake.count(tmp_path / "b") == 2
     assert [r.table for r in lake.upkeep(spark, tmp_path, 0)] == ["a", "b"]  # `eventide upkeep`: every table
+
+
+def test_upkeep_keeps_each_tables_log_for_its_retention_and_delta_deletes_older_commits(spark, tmp_path):
+    """Under `serve` a busy table gets a commit a second, and every commit lists the log's folder: upkeep
+    sets the log's retention, and Delta deletes older commit files at its checkpoints (every 10 commits;
+    it keeps them until the next calendar day at least, so the test ages them by two days)."""
+    import os
+
+    from deltalake import DeltaTable
+
+    from transforms.lake.upkeep import keep_log_for
+
+    served, kept = tmp_path / "served" / "t", tmp_path / "kept" / "t"
+    for path in (served, kept):
+        for i in range(3):
+            lake.append_once(_df(spark, n=[i]), path, "q", i)
+    lake.upkeep(spark, served.parent, 0, log_retention_hours=2.0)
+    lake.upkeep(spark, kept.parent, 0)  # no retention given: Delta's 30 days
+    properties = DeltaTable(str(served)).metadata().configuration
+    assert properties["delta.logRetentionDuration"] == "interval 7200 seconds"
+    assert properties["delta.deletedFileRetentionDuration"] == "interval 7200 seconds"  # Delta wants it no longer
+    assert "delta.logRetentionDuration" not in DeltaTable(str(kept)).metadata().configuration
+    assert lake.last_upkeep(served) is not None  # the retention's commit came first: the upkeep's stay last
+    versions = lake.version(served)
+    assert not keep_log_for(spark, served, 2.0) and lake.version(served) == versions  # set once
+
+    two_days_ago = time.time() - 2 * 86400
+    for path in (served, kept):
+        for i in range(3, 13):  # a checkpoint at version 10
+            lake.append_once(_df(spark, n=[i]), path, "q", i)
+        for k, f in enumerate(sorted((path / "_delta_log").iterdir())):  # in order: Delta adjusts equal times
+            os.utime(f, (two_days_ago + k, two_days_ago + k))
+        for i in range(13, 23):  # and one at 20, which deletes what expired before the one at 10
+            lake.append_once(_df(spark, n=[i]), path, "q", i)
+    assert not [p for p in (served / "_delta_log").glob("*.json") if int(p.name[:20]) < 10]  # before the checkpoint at 10
+    assert (kept / "_delta_log" / f"{0:020d}.json").exists()
+    for path in (served, kept):
+        assert sorted(r["n"] for r in lake.read(path).to_pylist()) == list(range(23))
