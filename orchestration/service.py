@@ -285,9 +285,12 @@ class Service:
             self.say(f"archiving the landing failed: {e}")
             return
         self.archived += moved
-        for q in self.queries:  # a long-running query's list of files stays short (live.py)
+        # A long-running query's list of files stays short (live.py). The queries of a log grow theirs
+        # together: one restart a round spreads them out, and the others go on answering meanwhile.
+        for q in self.queries:
             try:
-                q.restart_if_file_list_grew(STOP_GRACE_SECONDS)
+                if q.restart_if_file_list_grew(STOP_GRACE_SECONDS):
+                    break
             except OSError as e:  # it goes on as it is; the next round tries again
                 self.say(f"{q.name}: could not measure its checkpoint's list of files: {e}")
 
