@@ -131,8 +131,9 @@ def test_upkeep_leaves_a_table_whose_last_commit_is_its_upkeep_alone_for_a_while
 
 def test_upkeep_keeps_each_tables_log_for_its_retention_and_delta_deletes_older_commits(spark, tmp_path):
     """Under `serve` a busy table gets a commit a second, and every commit lists the log's folder: upkeep
-    sets the log's retention, and Delta deletes older commit files at its checkpoints (every 10 commits;
-    it keeps them until the next calendar day at least, so the test ages them by two days)."""
+    sets the log's retention, and Delta deletes older commit files at its checkpoints (every 10 commits,
+    here 2; it keeps them until the next calendar day at least, so the test ages them by two days)."""
+    import json
     import os
 
     from deltalake import DeltaTable
@@ -153,15 +154,17 @@ def test_upkeep_keeps_each_tables_log_for_its_retention_and_delta_deletes_older_
     versions = lake.version(served)
     assert not keep_log_for(spark, served, 2.0) and lake.version(served) == versions  # set once
 
-    two_days_ago = time.time() - 2 * 86400
+    two_days_ago, aged_checkpoint = time.time() - 2 * 86400, {}
     for path in (served, kept):
-        for i in range(3, 13):  # a checkpoint at version 10
+        spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('delta.checkpointInterval' = '2')")  # sooner
+        for i in range(3, 5):  # a checkpoint
             lake.append_once(_df(spark, n=[i]), path, "q", i)
+        aged_checkpoint[path] = json.loads((path / "_delta_log" / "_last_checkpoint").read_text())["version"]
         for k, f in enumerate(sorted((path / "_delta_log").iterdir())):  # in order: Delta adjusts equal times
             os.utime(f, (two_days_ago + k, two_days_ago + k))
-        for i in range(13, 23):  # and one at 20, which deletes what expired before the one at 10
+        for i in range(5, 7):  # and the next, which deletes what expired before the aged one
             lake.append_once(_df(spark, n=[i]), path, "q", i)
-    assert not [p for p in (served / "_delta_log").glob("*.json") if int(p.name[:20]) < 10]  # before the checkpoint at 10
-    assert (kept / "_delta_log" / f"{0:020d}.json").exists()
+    assert not [p for p in (served / "_delta_log").glob("*.json") if int(p.name[:20]) < aged_checkpoint[served]]
+    assert aged_checkpoint[served] > 0 and (kept / "_delta_log" / f"{0:020d}.json").exists()
     for path in (served, kept):
-        assert sorted(r["n"] for r in lake.read(path).to_pylist()) == list(range(23))
+        assert sorted(r["n"] for r in lake.read(path).to_pylist()) == list(range(7))

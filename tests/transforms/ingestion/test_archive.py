@@ -114,7 +114,7 @@ def test_a_query_forgets_the_archived_segments_it_read_and_reads_nothing_twice(s
     from transforms.engine.checkpoints import processed_segments
 
     settings = dataclasses.replace(settings, max_files_per_trigger=1)  # a batch a segment
-    apps = _apps(settings)
+    apps = _apps(settings)[:1]  # bronze: a query that reads the log
     plans = _plans(settings, apps)
     spark.conf.set(COMPACT_INTERVAL, "3")  # Spark compacts its list of files at batches 2, 5, 8, ...
     try:
@@ -128,16 +128,14 @@ def test_a_query_forgets_the_archived_segments_it_read_and_reads_nothing_twice(s
 
         for i in range(6, 8):
             land(settings, "text", [f"w{i} common".encode()])
-        for app in apps:  # each query's start forgets the archived segments of batches 0-3 (not the last two)
+        for app in apps:  # the query's start forgets the archived segments of batches 0-3 (not the last two)
             run_application(spark, app, settings)
         for plan, c in zip(plans, compacted):
             assert c.read_text().splitlines()[0] == "v1" and len(c.read_text().splitlines()) == 1 + 2
             assert not (c.parent / ".5.compact.crc").exists()  # Hadoop's checksum of the old list went with it
             last, names = processed_segments(plan.checkpoint(settings))
             assert last == 7 and len(names) == 4  # batches 4-7
-        totals = {r["word"]: r["count"] for r in lake.read(settings.table_path("word_totals")).to_pylist()}
-        assert totals == {"common": 8, **{f"w{i}": 1 for i in range(8)}}
-        assert lake.count(settings.table_path(settings.registry.stream("text").bronze_table)) == 8
+        assert lake.count(settings.table_path(settings.registry.stream("text").bronze_table)) == 8  # none twice
 
         # What reads the checkpoints still counts the forgotten segments as read.
         _, progress = open_log(settings).status(plans, 0.0)
