@@ -73,30 +73,27 @@ def _source_entries(folder: Path) -> list[tuple[int, str]]:
     return [e for path in files for line in _log_lines(path) if (e := _entry(line)) is not None]
 
 
-def _landing_source(checkpoint: Path) -> tuple[int, list[tuple[int, str]]] | None:
-    """The index and entries of the source that reads the landing: the one whose metadata log lists
-    landing segments (a query with timers also reads Spark's rate-micro-batch clock, which has none)."""
+def _first_segment(checkpoint: Path) -> tuple[int, Path] | None:
+    """(index of the source that reads the landing, the first segment its metadata log names): the first
+    source whose log names a landing segment (a query with timers also reads Spark's rate-micro-batch
+    clock, whose log names none). Reads each log file only up to its first such entry."""
     sources = checkpoint / "sources"
     for index in batch_ids(sources):
-        entries = _source_entries(sources / str(index))
-        if any(parse_segment_name(name) for _, name in entries):
-            return index, entries
-    return None
-
-
-def _landing_source_index(checkpoint: Path) -> int | None:
-    """The index of the source that reads the landing, from the first entry of each source's log (what
-    _landing_source finds, without reading every entry)."""
-    sources = checkpoint / "sources"
-    for index in batch_ids(sources):
-        folder = sources / str(index)
-        for path in sorted(folder.iterdir(), key=lambda p: p.name):
+        for path in sorted((sources / str(index)).iterdir(), key=lambda p: p.name):
             for line in _log_lines(path) if not path.name.startswith(".") else ():
-                if (entry := _entry(line)) is not None:
-                    if parse_segment_name(entry[1]):
-                        return index
-                    break
+                try:
+                    file = Path(unquote(urlparse(json.loads(line)["path"]).path))
+                except (ValueError, KeyError, TypeError, AttributeError):
+                    continue
+                if parse_segment_name(file.name):
+                    return index, file
     return None
+
+
+def _landing_source(checkpoint: Path) -> tuple[int, list[tuple[int, str]]] | None:
+    """The index and entries of the source that reads the landing (see _first_segment)."""
+    found = _first_segment(checkpoint)
+    return None if found is None else (found[0], _source_entries(checkpoint / "sources" / str(found[0])))
 
 
 def _file_source_offset(checkpoint: Path, batch: int, index: int) -> int | None:
@@ -146,9 +143,10 @@ def forget_source_files(checkpoint: Path, forget: Callable[[str], bool]) -> tupl
     The rewrite is a new file renamed over the old one; Hadoop's checksum file of the old content goes
     first, so no reader checks the new content against it (a file without one is not checked)."""
     committed = batch_ids(checkpoint / "commits")
-    index = _landing_source_index(checkpoint) if committed else None
-    if index is None:
+    found = _first_segment(checkpoint) if committed else None
+    if found is None:
         return 0, 0
+    index = found[0]
     folder = checkpoint / "sources" / str(index)
     compact = _latest_compact(folder)
     if compact < 0:
@@ -189,18 +187,8 @@ def has_commits(checkpoint: Path) -> bool:
 
 def landing_log_of(checkpoint: Path) -> str | None:
     """The landing log a checkpoint's file source reads (the folder of the files it lists), or None."""
-    sources = checkpoint / "sources"
-    for index in batch_ids(sources):
-        folder = sources / str(index)
-        for path in sorted(folder.iterdir(), key=lambda p: p.name):
-            for line in _log_lines(path):
-                try:
-                    file = Path(unquote(urlparse(json.loads(line)["path"]).path))
-                except (ValueError, KeyError, TypeError, AttributeError):
-                    continue
-                if parse_segment_name(file.name):
-                    return file.parent.name
-    return None
+    found = _first_segment(checkpoint)
+    return None if found is None else found[1].parent.name
 
 
 def latest_checkpoints(root: Path) -> list[Path]:
