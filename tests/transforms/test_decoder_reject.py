@@ -86,6 +86,19 @@ def test_a_rejected_payload_is_quarantined_with_its_reason_word_for_word(which):
     assert bad["step"] == f"decoder {app.pipelines[0].decoder.name}" and bad["payload"] == b"-300"
 
 
+@pytest.mark.parametrize("payloads", [[b"21.5", b"4.0", b"18.0"], [b"21.5", b"-300.0", b"4.0", b"-400.0"]])
+def test_the_decoded_rows_do_not_carry_the_good_payloads_back(payloads):
+    # Only quarantined rows keep their payload: the good ones' bytes would only travel back to the JVM
+    # (a third of bronze's rows in bytes); if_else keeps every value's bytes behind its nulls.
+    (plan,) = plan_queries(APPS["direct, column form's _error"][0], Settings())
+    payloads = [p + b"0" * 1000 for p in payloads]  # long payloads: their bytes would show
+    (out,) = list(make_pre_stage(plan, False)(iter([_batch(*payloads)])))
+    payload = out.column("payload")
+    kept = [p if p.startswith(b"-") else None for p in payloads]
+    assert payload.to_pylist() == kept
+    assert payload.buffers()[2] is None or payload.buffers()[2].size <= sum(len(p) for p in kept if p) + 64  # padding
+
+
 def test_raising_still_quarantines_with_the_error_and_where():
     app, mode = APPS["direct, no column form"]
     (row,) = _stage(app, mode, _batch(b"warm"))

@@ -140,7 +140,7 @@ def make_columnar_stage(plan: QueryPlan, fail_fast: bool):
                 "connection": batch.column("connection"),
                 "step": pa.array(steps, pa.string()),
                 "reason": pa.array(reasons, pa.string()),
-                "payload": pc.if_else(bad, payloads, pa.scalar(None, pa.binary())),
+                "payload": _only_where(bad, payloads),
                 "origin": pa.nulls(n, pa.string()),
             }
             if plan.mode is QueryMode.COLUMNAR:
@@ -165,6 +165,15 @@ def make_columnar_stage(plan: QueryPlan, fail_fast: bool):
             yield prefold_runs(prefold, out, fail_fast, PREFOLD_MIN_RUN) if prefold is not None else out
 
     return stage
+
+
+def _only_where(bad: pa.Array, values: pa.Array) -> pa.Array:
+    """`values` where `bad`, null elsewhere, holding only those values: `if_else` would keep every value's
+    bytes behind the nulls (a whole batch's payloads sent back to the JVM for a few quarantined rows)."""
+    is_bad = bad.to_numpy(zero_copy_only=False)
+    if not is_bad.any():
+        return pa.nulls(len(values), values.type)
+    return values.filter(bad).take(pa.array(np.cumsum(is_bad) - 1, mask=~is_bad))  # row i: its place among the bad
 
 
 # A shorter run travels as its messages: folding it would cost more than the rows it saves.
