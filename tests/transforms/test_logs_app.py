@@ -197,13 +197,19 @@ def test_one_concatenated_crlf_file_gives_the_same_summary(spark, settings, tmp_
 
 
 @pytest.mark.spark
-def test_bronze_counts_and_uncovered_lines_in_one_query_equal_their_definitions(spark, settings):
+@pytest.mark.parametrize("max_ranges", [256, 0], ids=["ranges as an expression", "an existence join"])
+def test_bronze_counts_and_uncovered_lines_in_one_query_equal_their_definitions(spark, settings, max_ranges,
+                                                                                 monkeypatch):
     """The summary's one query over bronze (counts by day and status, and lines in no closed window of
-    their source: an existence join) against the definitions computed here row by row: a line in two
-    overlapping windows counts once, another source's window covers nothing, a marker is no line. The
-    counts are remembered per bronze version: a new commit is read again."""
+    their source: the windows' merged ranges as an expression, or an existence join when they are many)
+    against the definitions computed here row by row: a line in two overlapping windows counts once,
+    another source's window covers nothing, a marker is no line. The counts are remembered per bronze
+    version: a new commit is read again."""
+    import examples.logs
     from examples.logs import BRONZE_TABLE, bronze_counts, counts_and_uncovered
     from transforms import lake
+
+    monkeypatch.setattr(examples.logs, "MAX_RANGES_IN_EXPRESSION", max_ranges)
 
     d1, d2 = dt.date(2004, 3, 7), dt.date(2004, 3, 8)
     lines = [("a", seq, "line", d1 if seq < 20 else d2, (200, 404, 500)[seq % 3]) for seq in range(30)]
@@ -235,3 +241,50 @@ def test_bronze_counts_and_uncovered_lines_in_one_query_equal_their_definitions(
     again = bronze_counts(settings, [d1, d2])
     assert [(r["status"], r["count"]) for r in again[d2].to_pylist() if r["status"] == 200] == [
         (200, dict(want_counts[d2])[200] + 1)]
+
+
+def test_merged_ranges_hold_the_same_sequence_numbers_as_the_windows():
+    import random
+
+    import pyarrow as pa
+
+    from examples.logs import merged_ranges
+
+    rnd = random.Random(7)
+    for _ in range(200):
+        windows = [(rnd.choice("ab"), lo, lo + rnd.randrange(0, 6)) for lo in (rnd.randrange(0, 40) for _ in range(rnd.randrange(1, 8)))]
+        merged = merged_ranges(pa.table({"source": [w[0] for w in windows], "first_seq": [w[1] for w in windows],
+                                         "last_seq": [w[2] for w in windows]}))
+        for src in "abc":
+            want = {q for s, lo, hi in windows if s == src for q in range(lo, hi + 1)}
+            rs = merged.get(src, [])
+            assert {q for lo, hi in rs for q in range(lo, hi + 1)} == want
+            assert all(hi + 1 < lo for (_, hi), (lo, _) in zip(rs, rs[1:]))  # sorted, apart: none touch
+
+
+@pytest.mark.spark
+def test_the_ranges_expression_says_what_the_ranges_hold(spark):
+    """`within_ranges_sql`'s binary search, evaluated by Spark for 60 random sets of ranges at once
+    (one query: the set chosen per row), against membership computed here."""
+    import random
+
+    from examples.logs import within_ranges_sql
+
+    rnd = random.Random(11)
+    cases, rows = [], []
+    for case in range(60):
+        ranges, at = {}, 0
+        for src in rnd.sample(["a", "b", "it's"], rnd.randrange(1, 4)):
+            rs = []
+            for _ in range(rnd.randrange(1, 12)):
+                at += rnd.randrange(2, 5)
+                rs.append((at, at + rnd.randrange(0, 4)))
+                at = rs[-1][1]
+            ranges[src] = rs
+        cases.append(ranges)
+        rows += [(case, src, q) for src in ("a", "b", "it's") for q in range(0, at + 3)]
+    expr = "case " + " ".join(f"when c = {i} then {within_ranges_sql('s', 'q', r)}" for i, r in enumerate(cases)) + " end"
+    got = {(r.c, r.s, r.q): r.inside for r in
+           spark.createDataFrame(rows, "c int, s string, q long").selectExpr("c", "s", "q", f"{expr} as inside").collect()}
+    want = {(c, s, q): any(lo <= q <= hi for lo, hi in cases[c].get(s, [])) for c, s, q in rows}
+    assert got == want and sum(want.values()) > 100
