@@ -8,7 +8,7 @@ import pyarrow.compute as pc
 import pytest
 
 from transforms.api import Application, DeltaSink, Reject, UserFunctionError, computation, decoder, source
-from transforms.engine.plan import QueryMode, plan_queries
+from transforms.engine.plan import DIRECT_UNUSED, QueryMode, plan_queries
 from transforms.engine.stages import make_pre_stage
 from transforms.ingestion.landing import LANDING_SCHEMA
 from transforms.settings import Settings
@@ -97,6 +97,8 @@ def test_the_decoded_rows_do_not_carry_the_good_payloads_back(payloads):
     kept = [p if p.startswith(b"-") else None for p in payloads]
     assert payload.to_pylist() == kept
     assert payload.buffers()[2] is None or payload.buffers()[2].size <= sum(len(p) for p in kept if p) + 64  # padding
+    # Nor the columns only a keyed step reads: null in every row of a direct plan.
+    assert not set(DIRECT_UNUSED) & set(out.schema.names) and out.schema == plan.stage_schema
 
 
 def test_raising_still_quarantines_with_the_error_and_where():

@@ -21,6 +21,9 @@ from transforms.api import Application, DeltaSink, KafkaTopic, KeyMark, Merged, 
 from transforms.engine.envelope import DECODED_PREFIX, ENVELOPE
 from transforms.settings import Settings
 
+# The envelope columns a direct plan's rows do not carry: the keyed step's and the next level's.
+DIRECT_UNUSED = ("part", "branch", "key", "msg", "origin")
+
 
 class QueryMode(str, Enum):
     """How messages travel from the pre stage to the sinks. Every mode gives the same results."""
@@ -83,11 +86,13 @@ class QueryPlan:
 
     @property
     def stage_schema(self) -> pa.Schema:
-        """What the pre stage emits: the envelope, plus the decoded columns in direct/columnar mode."""
+        """What the pre stage emits: the envelope, plus the decoded columns in direct/columnar mode. A
+        direct plan's rows go straight to its sink or the quarantine, so they leave out what only the
+        steps after a pre stage read (DIRECT_UNUSED: null in every row, yet bytes on the way back)."""
         if self.mode is QueryMode.ENVELOPE:
             return ENVELOPE
-        extra = [pa.field(DECODED_PREFIX + f.name, f.type) for f in self.decoded_schema]
-        return pa.schema(list(ENVELOPE) + extra)
+        envelope = [f for f in ENVELOPE if not (self.mode is QueryMode.DIRECT and f.name in DIRECT_UNUSED)]
+        return pa.schema(envelope + [pa.field(DECODED_PREFIX + f.name, f.type) for f in self.decoded_schema])
 
     @property
     def streams(self) -> list[str]:
