@@ -322,8 +322,9 @@ def within_ranges_sql(source_col: str, seq_col: str, ranges: dict[str, list[tupl
 
 def counts_and_uncovered(settings: Settings, days: list[dt.date]) -> tuple[dict[dt.date, pa.Table], dict[dt.date, int]]:
     """`bronze_counts` and, per day, the bronze lines whose sequence number lies in no closed window of
-    their source, in one Spark query over bronze (an existence join: a line in two windows' ranges
-    still counts once). The counts are remembered as `bronze_counts` remembers them."""
+    their source, in one Spark query over bronze (a line in two windows' ranges still counts once: the
+    ranges are merged, or joined by existence when they are many). The counts are remembered as
+    `bronze_counts` remembers them."""
     days = [parse_day(d) for d in days]
     key = _bronze_counts_key(settings, days)
     if key is None:
