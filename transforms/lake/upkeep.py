@@ -14,6 +14,9 @@ from pathlib import Path
 
 from transforms.lake.reads import exists, last_upkeep, table_files
 
+# The table properties keep_log_for sets to the log's retention.
+RETENTIONS = ("delta.logRetentionDuration", "delta.deletedFileRetentionDuration")
+
 
 @dataclass(frozen=True)
 class UpkeepResult:
@@ -29,9 +32,9 @@ def keep_log_for(spark, path: Path, hours: float) -> bool:
     midnight before it) when it writes a checkpoint (every 10 commits). On a local file system a commit
     lists the whole log folder (`python -m bench.delta_log`: a one-row append 0.69 s, 2.27 s with 100,000
     more files there, 5.80 s with 300,000), and `serve` commits about once a second to a busy table
-    (Delta's default keeps 30 days). Delta wants the
-    retention of removed data files that a VACUUM without hours uses (`delta.deletedFileRetentionDuration`)
-    no longer, so it is set the same; upkeep's VACUUM gives its own (EVENTIDE_VACUUM_HOURS)."""
+    (Delta's default keeps 30 days). Delta wants the retention of removed data files that a VACUUM
+    without hours uses (`delta.deletedFileRetentionDuration`) no longer, so it is set the same; upkeep's
+    VACUUM gives its own (EVENTIDE_VACUUM_HOURS)."""
     from deltalake import DeltaTable as LogReader
 
     wanted = f"interval {round(hours * 3600)} seconds"
@@ -41,9 +44,6 @@ def keep_log_for(spark, path: Path, hours: float) -> bool:
     settings = ", ".join(f"'{p}' = '{wanted}'" for p in RETENTIONS)
     spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ({settings})")
     return True
-
-
-RETENTIONS = ("delta.logRetentionDuration", "delta.deletedFileRetentionDuration")
 
 
 def upkeep_table(spark, path: Path, vacuum_hours: float, log_retention_hours: float | None = None) -> UpkeepResult:
