@@ -391,9 +391,6 @@ def _settings(args):
     if getattr(args, "close_windows", False):  # the assets read the settings from the environment too
         os.environ["EVENTIDE_CLOSE_WINDOWS"] = "1"
         reset_settings()
-    if args.command == "serve":  # a long-lived JVM answering on the latency path: Java's own JIT thresholds
-        os.environ.setdefault("EVENTIDE_JVM_C2_HOT_ONLY", "0")
-        reset_settings()
     return get_settings()
 
 

@@ -65,8 +65,8 @@ def _eventide_environment() -> dict[str, str]:
 @pytest.fixture(autouse=True)
 def _environment_restored():
     """A test that calls the CLI or `run_all` in process leaves their variables in this worker's environment,
-    and a later test's Settings() would read them (a `serve` left EVENTIDE_JVM_C2_HOT_ONLY=0 for the next
-    test on its worker): each test ends with Eventide's variables as it found them."""
+    and a later test's Settings() would read them (`--close-windows` left EVENTIDE_CLOSE_WINDOWS=1 for
+    the next test on its worker): each test ends with Eventide's variables as it found them."""
     before = _eventide_environment()
     yield
     for key in _eventide_environment().keys() - before.keys():

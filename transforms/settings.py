@@ -65,8 +65,8 @@ class Settings:
     # The driver JVM maps the classes an earlier start recorded (transforms/jvm_cache.py, ~/.cache/eventide).
     jvm_class_cache: bool = True
     # The driver JVM compiles with C2 only what is hot (transforms/spark.py, JIT_HOT_ONLY): a short-lived run's
-    # C2 threads spent a quarter of its CPU on code that ran too little to pay it back. `eventide serve` turns
-    # it off unless set: its answers are on the latency path, and C2-compiled sooner they are faster.
+    # C2 threads spent a quarter of its CPU on code that ran too little to pay it back, and `serve`'s spent half
+    # of its JVM's CPU catching up on a backlog.
     jvm_c2_hot_only: bool = True
     # Extra options for the driver's JVM (EVENTIDE_SPARK_JAVA_OPTIONS), e.g. the tests' -XX:TieredStopAtLevel=1:
     # short-lived JVMs spend less CPU compiling (measured: 12% less CPU for tests/transforms/test_lake.py).
