@@ -3,6 +3,7 @@ EVENTIDE_HOME per test, and helpers to land messages."""
 
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -90,6 +91,18 @@ def land(settings: Settings, stream: str, payloads, connection: str = "test") ->
     with Lander(settings) as lander:
         for p in payloads:
             lander.append(stream, p, connection)
+
+
+def poll_until(queries, done, timeout: float) -> bool:
+    """Poll live queries (transforms/engine/live.py), as `serve` does, until `done()` or the timeout."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for q in queries:
+            q.poll()
+        if done():
+            return True
+        time.sleep(0.1)
+    return False
 
 
 # `make test` spreads the modules over two workers (pytest-xdist, --dist loadfile): the longest go

@@ -2,22 +2,10 @@
 real landing log, real checkpoints."""
 
 import dataclasses
-import time
 
 import pytest
 
-from tests.conftest import land
-
-
-def _poll_until(queries, done, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for q in queries:
-            q.poll()
-        if done():
-            return True
-        time.sleep(0.1)
-    return False
+from tests.conftest import land, poll_until
 
 
 @pytest.mark.spark
@@ -47,7 +35,7 @@ def test_queries_whose_file_lists_grew_restart_one_a_round_and_read_nothing_twic
     try:
         for i in range(4):
             land(settings, "text", [f"line {i}".encode()])  # a segment, so a batch, each
-        assert _poll_until(service.queries, lambda: all(log.caught_up(p) for p in plans), 180), said
+        assert poll_until(service.queries, lambda: all(log.caught_up(p) for p in plans), 180), said
 
         def restarts() -> list[str]:
             return [line.split(":")[0] for line in said if "restarting, so that it forgets" in line]
@@ -61,7 +49,7 @@ def test_queries_whose_file_lists_grew_restart_one_a_round_and_read_nothing_twic
         assert restarts() == ["first", "second"]  # each measured from its new start
         land(settings, "text", [b"line 4"])
         tables = [settings.table_path(f"{app.name}_lines") for app in apps]
-        assert _poll_until(service.queries, lambda: all(lake.exists(t) and lake.count(t) == 5 for t in tables), 120), said
+        assert poll_until(service.queries, lambda: all(lake.exists(t) and lake.count(t) == 5 for t in tables), 120), said
     finally:
         for q in service.queries:
             q.stop()

@@ -2,11 +2,10 @@
 reported and restarted with backoff, and the restart delivers exactly once. Real Spark, real sockets."""
 
 import socket
-import time
 
 import pytest
 
-from tests.conftest import land
+from tests.conftest import land, poll_until
 from tests.tcp import Receiver
 from transforms.engine import plan_queries
 from transforms.engine.live import LiveQuery
@@ -21,13 +20,7 @@ def _closed_port() -> int:
 
 
 def _poll_until(live: LiveQuery, done, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        live.poll()
-        if done():
-            return True
-        time.sleep(0.1)
-    return False
+    return poll_until([live], done, timeout)
 
 
 @pytest.mark.spark
