@@ -81,14 +81,15 @@ class _Connection(asyncio.Protocol):
             frames = self.decoder.feed(data)
         except FrameTooLarge as e:
             frames, too_large = [], e
-        append, writer, stream, conn = gw.writer.append, gw.writer, self.stream, self.conn_id
+        writer = gw.writer
+        landed = writer.messages_landed
         try:
-            for payload in frames:
-                append(stream, payload, conn)
-                gw.messages += 1
+            writer.append_received(self.stream, frames, self.conn_id)
         except LogWriteError as e:
             self._refuse(str(e))
             return
+        finally:
+            gw.messages += writer.messages_landed - landed  # a refused read counts what it landed first
         if frames and too_large is None:
             # feed() hands back the whole frames before an oversized header and raises only on the
             # next call; ask now rather than waiting for more input that may never come.

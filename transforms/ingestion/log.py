@@ -100,6 +100,12 @@ class LogWriter(ABC):
         for payload in payloads.to_pylist() if hasattr(payloads, "to_pylist") else payloads:
             self.append(stream, payload, connection)
 
+    def append_received(self, stream: str, payloads: list[bytes], connection: str = "") -> None:
+        """Write the messages of one read from a connection, in order, as `append` one by one would; a log
+        may do it in one go (landing: one journal write and one receive time for all of them)."""
+        for payload in payloads:
+            self.append(stream, payload, connection)
+
     @abstractmethod
     def sync(self) -> None:
         """Cheap, after each chunk: push what was appended towards durability (landing: to the OS)."""

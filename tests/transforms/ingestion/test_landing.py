@@ -318,6 +318,36 @@ def test_append_many_lands_what_appending_one_by_one_lands(tmp_path_factory, cal
     assert land_all(True) == land_all(False)
 
 
+@given(
+    calls=st.lists(
+        st.tuples(st.booleans(), st.sampled_from(["market_data", "orders", "logs"]),
+                  st.lists(st.binary(max_size=40), max_size=30)),
+        max_size=6),
+    limit=st.integers(1, 300),
+)
+@hypothesis_settings(max_examples=30, deadline=None)
+def test_append_received_journals_and_lands_what_appending_one_by_one_does(tmp_path_factory, calls, limit):
+    """The gateway's path (the messages of one read at once) equals one `append` per message: the same
+    journals byte for byte, the same closed segments, and after the flush the same rows."""
+    def land_all(at_once_allowed: bool):
+        s = Settings(home=tmp_path_factory.mktemp("home"), segment_max_bytes=limit)
+        with Lander(s, clock=FakeClock()) as lander:
+            for at_once, stream, payloads in calls:
+                if at_once and at_once_allowed:
+                    lander.append_received(stream, payloads, "tcp:127.0.0.1:1#1")
+                else:
+                    for p in payloads:
+                        lander.append(stream, p, "tcp:127.0.0.1:1#1")
+            lander.sync()  # as the gateway does after each read: the journals' bytes reach the files
+            files = {f.relative_to(s.landing).as_posix(): f.read_bytes() if f.name.startswith(".journal-")
+                     else pq.read_table(f).to_pylist()
+                     for f in s.landing.rglob("*") if f.is_file() and f.name != ".lock"}
+            landed = (lander.next_seq, lander.messages_landed)
+        return files, landed, {g: rows(s, g) for g in ("logs", MARKET)}
+
+    assert land_all(True) == land_all(False)
+
+
 def test_ingest_lands_a_file_in_whole_segments_without_journals(settings, tmp_path):
     from transforms.ingestion.sender import ingest_files
 
