@@ -19,6 +19,7 @@ continuously (transforms/engine/live.py), watched by Dagster.
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 from collections.abc import Callable
@@ -238,6 +239,9 @@ class Service:
                     upkeep.start()
                 if not self.all_running.is_set() and all(q.running for q in self.queries):
                     self.all_running.set()
+                    # What the start built (Dagster, Spark's client, the plans) lives as long as serve: out of
+                    # the collector's way, which otherwise scans it again and again as the gateway allocates.
+                    gc.freeze()
                     self.say(f"all {len(self.queries)} queries running (trigger every "
                              f"{self.settings.trigger_interval:g} s), {time.monotonic() - started:.1f} s after start")
                 self._stop.wait(0.2)

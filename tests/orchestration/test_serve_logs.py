@@ -53,11 +53,15 @@ def _wait_for(what, timeout: float):
 
 @pytest.mark.spark
 def test_summaries_follow_the_log_days_sent_to_the_service(logs_home):
+    import gc
+
     lines = []
+    gc.unfreeze()  # what this worker froze before: the service's own freeze is asserted below
     with GatewayThread(logs_home) as gw:
         service = Service(logs_home, say=lines.append, schedule_every=2.0).start()
         try:
             assert service.all_running.wait(120), lines
+            assert _wait_for(lambda: gc.get_freeze_count() > 0, 10)  # its start, out of the collector's way
             _send(gw.gateway.bound_ports["logs"], log_messages())
             assert _wait_for(lambda: _summary(logs_home) == expected_summary(), 120), (_summary(logs_home), lines)
             bronze = logs_home.table_path("bronze_log_lines")
