@@ -560,7 +560,7 @@ class _SayQueries(logging.Handler):
 
 
 def run_all(settings: Settings, progress: Callable[[str], None] = print, summaries: bool = True,
-            spark_starting: threading.Thread | None = None) -> RunSummary:
+            spark_starting: threading.Thread | None = None, started: Callable[[], None] | None = None) -> RunSummary:
     """The pipelines job, then (with `summaries`) every run the apps' sensors and schedules ask for.
 
     One failure stops only what depends on it. In the pipelines run, Dagster skips the steps downstream
@@ -570,7 +570,7 @@ def run_all(settings: Settings, progress: Callable[[str], None] = print, summari
     the summary; the caller decides the exit status (`eventide run`: non-zero at the end).
 
     `spark_starting`: a thread starting the Spark session (transforms.spark.start_in_background), joined
-    before anything runs or prints.
+    before anything runs or prints. `started`: called once the start is done, as the pipelines begin.
 
     Each query's progress (messages, batches, seconds; every few seconds in a long run) is said through
     `progress` as the steps say it to Dagster.
@@ -581,14 +581,14 @@ def run_all(settings: Settings, progress: Callable[[str], None] = print, summari
     QUERY_PROGRESS.addHandler(handler)
     QUERY_PROGRESS.setLevel(logging.INFO)
     try:
-        return _run_all(settings, progress, summaries, spark_starting)
+        return _run_all(settings, progress, summaries, spark_starting, started)
     finally:
         QUERY_PROGRESS.removeHandler(handler)
         QUERY_PROGRESS.setLevel(level)
 
 
 def _run_all(settings: Settings, progress: Callable[[str], None], summaries: bool,
-             spark_starting: threading.Thread | None) -> RunSummary:
+             spark_starting: threading.Thread | None, started: Callable[[], None] | None) -> RunSummary:
     """`run_all`, with the query progress of its steps said through `progress` already."""
     from orchestration.definitions import build_definitions
     from orchestration.sensors import PIPELINES_JOB
@@ -612,6 +612,8 @@ def _run_all(settings: Settings, progress: Callable[[str], None], summaries: boo
     # What the pipelines' sensor would ask for now, this run does: its cursor moves on with the others.
     due_runs(defs, instance, cursors=cursors, only_jobs=(PIPELINES_JOB,))
     progress("running the pipelines (bronze, apps, quarantine) through Dagster ...")
+    if started is not None:
+        started()
     result = defs.resolve_job_def(PIPELINES_JOB).execute_in_process(instance=instance, raise_on_error=False, run_config=QUIET)
     unusable = _collect(result, summary)
     for name, meta in sorted(summary.materialized.items()):

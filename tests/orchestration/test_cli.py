@@ -11,6 +11,7 @@ from csv import DictReader
 from pathlib import Path
 
 import pyarrow as pa
+import pytest
 
 from tests.conftest import REPO
 from transforms import lake
@@ -130,3 +131,31 @@ def test_run_and_serve_compile_only_hot_code_unless_told(monkeypatch, tmp_path):
         reset_settings()
         assert cli._settings(cli.build_parser().parse_args(argv)).jvm_c2_hot_only is expected, argv
     reset_settings()
+
+
+def test_the_collector_is_off_while_run_starts_then_back_with_the_start_frozen():
+    """`eventide run`'s start (Dagster, great-expectations, the definitions) is made without Python's
+    cyclic collector scanning it; the collector is back once the start is done, or the start failed."""
+    import gc
+
+    from orchestration.cli import collector_held_off
+
+    assert gc.isenabled()
+    frozen = gc.get_freeze_count()
+    try:
+        with collector_held_off() as start_done:
+            assert not gc.isenabled()
+            made = [[] for _ in range(1000)]  # what a start makes
+            start_done()
+            assert gc.isenabled() and gc.get_freeze_count() >= frozen + len(made)
+            gc.disable()
+            start_done()  # once only: a second call changes nothing
+            assert not gc.isenabled()
+            gc.enable()
+        assert gc.isenabled()
+        with pytest.raises(RuntimeError), collector_held_off():
+            raise RuntimeError("the start failed")
+        assert gc.isenabled()
+    finally:
+        gc.enable()
+        gc.unfreeze()

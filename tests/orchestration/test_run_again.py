@@ -39,8 +39,9 @@ def test_a_second_run_does_nothing_and_a_new_day_runs_only_that_day(spark, setti
     import transforms.spark
 
     land(settings, "logs", log_messages(LOG_FILES[:3]))
-    said = []
-    assert run_all(settings, progress=said.append).passed
+    said, started = [], []
+    assert run_all(settings, progress=said.append, started=lambda: started.append(list(said))).passed
+    assert started == [["running the pipelines (bronze, apps, quarantine) through Dagster ..."]]  # once, first
     assert "  daily_return_code_summary: 1 run(s): 2004-03-07..2004-03-09" in said  # adjacent days: one run
     version = lake.version(settings.table_path(SUMMARY_TABLE))
 
