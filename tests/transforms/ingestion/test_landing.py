@@ -292,11 +292,26 @@ def test_read_landed_of_an_empty_group(settings):
     assert table.num_rows == 0 and table.schema.equals(LANDING_SCHEMA)
 
 
+# Calls to a Lander: (the bulk path or not, a stream, its payloads); the bulk path is each test's own.
+LANDER_CALLS = st.lists(
+    st.tuples(st.booleans(), st.sampled_from(["market_data", "orders", "logs"]),
+              st.lists(st.binary(max_size=40), max_size=30)),
+    max_size=6)
+
+
+def land_calls(lander: Lander, calls, bulk, connection: str) -> None:
+    """Each of LANDER_CALLS through `bulk` (the path under test) when it says so and `bulk` is given, else
+    one `append` per payload (the reference)."""
+    for use_bulk, stream, payloads in calls:
+        if use_bulk and bulk is not None:
+            bulk(stream, payloads, connection)
+        else:
+            for p in payloads:
+                lander.append(stream, p, connection)
+
+
 @given(
-    calls=st.lists(
-        st.tuples(st.booleans(), st.sampled_from(["market_data", "orders", "logs"]),
-                  st.lists(st.binary(max_size=40), max_size=30)),
-        max_size=6),
+    calls=LANDER_CALLS,
     limit=st.integers(1, 200),
 )
 @hypothesis_settings(max_examples=20, deadline=None)
@@ -306,12 +321,7 @@ def test_append_many_lands_what_appending_one_by_one_lands(tmp_path_factory, cal
     def land_all(bulk_allowed: bool) -> dict[str, list[tuple]]:
         s = Settings(home=tmp_path_factory.mktemp("home"), segment_max_bytes=limit)
         with Lander(s, clock=FakeClock()) as lander:
-            for bulk, stream, payloads in calls:
-                if bulk and bulk_allowed:
-                    lander.append_many(stream, payloads, "file:x")
-                else:
-                    for p in payloads:
-                        lander.append(stream, p, "file:x")
+            land_calls(lander, calls, lander.append_many if bulk_allowed else None, "file:x")
         return {g: [(r["stream"], r["seq"], r["connection"], r["payload"], r["landing_error"]) for r in rows(s, g)]
                 for g in ("logs", MARKET)}
 
@@ -319,10 +329,7 @@ def test_append_many_lands_what_appending_one_by_one_lands(tmp_path_factory, cal
 
 
 @given(
-    calls=st.lists(
-        st.tuples(st.booleans(), st.sampled_from(["market_data", "orders", "logs"]),
-                  st.lists(st.binary(max_size=40), max_size=30)),
-        max_size=6),
+    calls=LANDER_CALLS,
     limit=st.integers(1, 300),
 )
 @hypothesis_settings(max_examples=30, deadline=None)
@@ -332,12 +339,7 @@ def test_append_received_journals_and_lands_what_appending_one_by_one_does(tmp_p
     def land_all(at_once_allowed: bool):
         s = Settings(home=tmp_path_factory.mktemp("home"), segment_max_bytes=limit)
         with Lander(s, clock=FakeClock()) as lander:
-            for at_once, stream, payloads in calls:
-                if at_once and at_once_allowed:
-                    lander.append_received(stream, payloads, "tcp:127.0.0.1:1#1")
-                else:
-                    for p in payloads:
-                        lander.append(stream, p, "tcp:127.0.0.1:1#1")
+            land_calls(lander, calls, lander.append_received if at_once_allowed else None, "tcp:127.0.0.1:1#1")
             lander.sync()  # as the gateway does after each read: the journals' bytes reach the files
             files = {f.relative_to(s.landing).as_posix(): f.read_bytes() if f.name.startswith(".journal-")
                      else pq.read_table(f).to_pylist()
