@@ -82,11 +82,22 @@ def list_segments(settings: Settings, group: str | None = None, archived: bool =
     return out
 
 
-def _encode_record(seq: int, recv_us: int, stream: str, conn: str, err: str | None, payload: bytes) -> bytes:
+def _record_encoder(stream: str, conn: str, err: str | None):
+    """The journal's record of a message of `stream` from `conn` (with `err`: quarantined input), as
+    encode(seq, recv_us, payload); the names are encoded once for all the records of a read."""
     # Lengths are stored in 2 bytes: keep names and reasons within that.
     s, c, e = stream.encode()[:65535], conn.encode()[:65535], (err or "").encode()[:65535]
-    body = _BODY_HEAD.pack(seq, recv_us, len(s), len(c), len(e)) + s + c + e + payload
-    return _REC_HEAD.pack(len(body), zlib.crc32(body)) + body
+    names, pack_head, pack_rec, crc = s + c + e, _BODY_HEAD.pack, _REC_HEAD.pack, zlib.crc32
+
+    def encode(seq: int, recv_us: int, payload: bytes) -> bytes:
+        body = pack_head(seq, recv_us, len(s), len(c), len(e)) + names + payload
+        return pack_rec(len(body), crc(body)) + body
+
+    return encode
+
+
+def _encode_record(seq: int, recv_us: int, stream: str, conn: str, err: str | None, payload: bytes) -> bytes:
+    return _record_encoder(stream, conn, err)(seq, recv_us, payload)
 
 
 def _chunks_by_size(payloads: pa.Array, limit: int):
@@ -230,16 +241,13 @@ class Lander(LogWriter):
         if not payloads:
             return
         group, limit = self._group_of(stream), self.settings.segment_max_bytes
-        recv_us = int(self.clock() * 1_000_000)
-        s, c = stream.encode()[:65535], connection.encode()[:65535]
-        names, pack_head, pack_rec, crc = s + c, _BODY_HEAD.pack, _REC_HEAD.pack, zlib.crc32
+        recv_us, encode = int(self.clock() * 1_000_000), _record_encoder(stream, connection, None)
         i = 0
         while i < len(payloads):
             seg = self._open.get(group) or self._open_segment(group)
             first, start, records, size = self._next_seq, i, [], seg.size
             while i < len(payloads) and size < limit:  # the segment closes after the payload reaching it
-                body = pack_head(first + i - start, recv_us, len(s), len(c), 0) + names + payloads[i]
-                records.append(pack_rec(len(body), crc(body)) + body)
+                records.append(encode(first + i - start, recv_us, payloads[i]))
                 size += len(records[-1])
                 i += 1
             seg.file.write(b"".join(records))
