@@ -27,6 +27,8 @@ def logs_home(spark, tmp_path, monkeypatch):
     monkeypatch.setenv("EVENTIDE_APPS", "examples.logs:app")
     monkeypatch.setenv("DAGSTER_HOME", "")  # dagster_instance points it into the home
     monkeypatch.setenv("EVENTIDE_UPKEEP_MINUTES", "0.05")  # a lake upkeep round every 3 s
+    # A free port, not the app's 7101: a test in the other pytest worker may hold that one.
+    monkeypatch.setenv("EVENTIDE_PORTS", "logs=0")
     reset_settings()
     yield Settings.from_env()
     reset_settings()
