@@ -19,10 +19,6 @@ def _closed_port() -> int:
     return port
 
 
-def _poll_until(live: LiveQuery, done, timeout: float) -> bool:
-    return poll_until([live], done, timeout)
-
-
 @pytest.mark.spark
 def test_a_failed_query_is_reported_restarted_with_backoff_and_delivers_once(spark, settings):
     from examples.words import word_count
@@ -35,14 +31,14 @@ def test_a_failed_query_is_reported_restarted_with_backoff_and_delivers_once(spa
     land(settings, "text", [b"a b a"])
     try:
         # Nobody listens on the sink's port: the batch fails, the query stops, serve says so and waits.
-        assert _poll_until(live, lambda: live.failures >= 1, 120), said
+        assert poll_until([live], lambda: live.failures >= 1, 120), said
         assert "query failed" in said[0] and "restarting in 1 s" in said[0] and not live.running
         assert holder_of(settings, plan.name)["command"] == "eventide serve"  # still its lock meanwhile
         receiver = Receiver(port)
         try:
-            assert _poll_until(live, lambda: len(receiver.whole_lines()) >= 3, 120), said
+            assert poll_until([live], lambda: len(receiver.whole_lines()) >= 3, 120), said
             land(settings, "text", [b"b"])  # and it keeps running: a later message is answered too
-            assert _poll_until(live, lambda: len(receiver.whole_lines()) >= 4, 60), said
+            assert poll_until([live], lambda: len(receiver.whole_lines()) >= 4, 60), said
             assert live.running
         finally:
             receiver.close()
@@ -70,7 +66,7 @@ def test_a_wall_clock_window_closes_on_time_under_a_live_query_without_new_messa
     path = settings.table_path("clock_windows")
     try:
         # No message after these three: the window closes by its timer within about a second of its end.
-        assert _poll_until(live, lambda: lake.exists(path) and lake.count(path) == 1, 60)
+        assert poll_until([live], lambda: lake.exists(path) and lake.count(path) == 1, 60)
     finally:
         live.stop()
     (row,) = lake.read(path).to_pylist()
@@ -101,14 +97,14 @@ def test_a_query_whose_list_of_files_grew_is_restarted_forgets_the_archived_ones
     try:
         for i in range(4):
             land(settings, "text", [f"line {i}".encode()])  # a segment, so a batch, each
-        assert _poll_until(live, lambda: open_log(settings).caught_up(plan), 120), said  # 4 batches committed
+        assert poll_until([live], lambda: open_log(settings).caught_up(plan), 120), said  # 4 batches committed
         assert archive_committed(settings, [plan]) == {"text": 4}
         assert live.restart_if_file_list_grew()  # its list grew at batch 2 (Spark's compaction): restarted
         assert "echo: restarting, so that it forgets the archived segments it read" in said[-1]
         assert live.running and len(compacted.read_text().splitlines()) == 1 + 1  # batch 2's only
         assert not live.restart_if_file_list_grew()  # measured from the new start
         land(settings, "text", [b"line 4"])
-        assert _poll_until(live, lambda: lake.count(table) == 5, 120), said
+        assert poll_until([live], lambda: lake.count(table) == 5, 120), said
     finally:
         live.stop()
         spark.conf.unset("spark.sql.streaming.fileSource.log.compactInterval")
