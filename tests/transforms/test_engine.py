@@ -28,12 +28,14 @@ def test_word_count_equals_expected_whatever_the_partitions(spark, settings, par
     land(settings, "text", LINES)
     spark.conf.set("spark.sql.shuffle.partitions", str(partitions))  # a new checkpoint takes it
     try:
-        run_application(spark, word_count, settings)
+        (report,) = run_application(spark, word_count, settings)
     finally:
         spark.conf.set("spark.sql.shuffle.partitions", "2")
     updates, totals = _word_results(settings)
     assert len(updates) == 482
     assert totals == EXPECTED
+    # The upsert's rows leave each task combined (a row per word), still counted as every output.
+    assert report.rows_written == {"word_count_updates": 482, "word_totals": 482}
     # Running counts: each word's updates count 1, 2, 3, ... in sequence order.
     for word, group in updates.groupby("word"):
         assert list(group["count"]) == list(range(1, EXPECTED[word] + 1)), word

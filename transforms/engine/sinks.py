@@ -44,6 +44,7 @@ from transforms.engine.plan import QueryMode, QueryPlan
 from transforms.engine.report import RunReport
 from transforms.engine.sink_rows import (
     ORDER,
+    OUTPUTS,
     QUARANTINE_COLUMNS,
     QUARANTINE_INDEX,
     RECEIVE_TIME,
@@ -203,7 +204,8 @@ class BatchWriter:
         writers = [w for w in self.sinks if w.active and (not isinstance(w, DeltaSinkWriter) or w.sink.schema is not None
                                                           or shapes.get(w.index) is not None)]
         schemas = {w.index: w.row_schema(shapes.get(w.index)) for w in writers}
-        fn = AllSinkRowsFn([w.sink for w in writers], [w.index for w in writers], schemas, batch_df_schema(self.plan))
+        fn = AllSinkRowsFn([w.sink for w in writers], [w.index for w in writers], schemas, batch_df_schema(self.plan),
+                           combine=not self.per_row_latencies)  # combined rows keep only their earliest latency
         rows = source.mapInArrow(fn, from_arrow_schema(fn.schema)).persist(StorageLevel.MEMORY_AND_DISK)
         try:
             # The TCP and Kafka sinks' rows come to the driver, which sends them (DRIVER_COLUMNS).
@@ -214,7 +216,7 @@ class BatchWriter:
                                   for c in (*w.DRIVER_COLUMNS, *ORDER))) if tcp else F.lit(None)
             extra = [F.collect_list(F.unix_micros(RECEIVE_TIME)).alias("times")] if self.per_row_latencies else []
             groups = {r[SINK_INDEX]: r for r in rows.groupBy(SINK_INDEX).agg(
-                F.count(F.lit(1)).alias("n"), F.min(RECEIVE_TIME).alias("oldest"),
+                F.sum(OUTPUTS).alias("n"), F.min(RECEIVE_TIME).alias("oldest"),
                 F.collect_list(F.when(is_tcp, tcp_rows)).alias("tcp"), *extra).collect()}
             outcomes = []
             if QUARANTINE_INDEX in groups:

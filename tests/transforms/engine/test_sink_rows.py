@@ -13,12 +13,15 @@ from transforms.api import DeltaSink, TCPSink
 from transforms.engine.envelope import ENVELOPE
 from transforms.engine.sink_rows import (
     ORDER,
+    OUTPUTS,
     RECEIVE_TIME,
     SINK_INDEX,
     AllSinkRowsFn,
     Outputs,
+    last_per_key_rows,
     outputs_to_table,
     sink_column,
+    with_order,
 )
 
 UTC = dt.timezone.utc
@@ -83,11 +86,22 @@ def _envelopes(outs: list) -> pa.Table:
     return pa.table({f.name: given.get(f.name, [None] * n) for f in ENVELOPE}, schema=ENVELOPE)
 
 
-@settings(max_examples=40, deadline=None)
-@given(outs=outputs, tasks=st.integers(1, 3), chunk_rows=st.sampled_from([1, 2, 3, 65_536]), backwards=st.booleans())
-def test_every_sinks_rows_from_one_pass_equal_each_sinks_own(outs, tasks, chunk_rows, backwards):
+def _last_by_order(rows: list[dict], keys: tuple[str, ...]) -> dict:
+    """The simple form of what an upsert's MERGE keeps: per key, the row of highest ORDER."""
+    last: dict = {}
+    for r in sorted(rows, key=lambda r: (r[ORDER[0]], r[ORDER[1]])):
+        last[tuple(r[k] for k in keys)] = {n: v for n, v in r.items() if n not in ORDER}
+    return last
+
+
+@settings(max_examples=60, deadline=None)
+@given(outs=outputs, tasks=st.integers(1, 3), chunk_rows=st.sampled_from([1, 2, 3, 65_536]), backwards=st.booleans(),
+       combine=st.booleans())
+def test_every_sinks_rows_from_one_pass_equal_each_sinks_own(outs, tasks, chunk_rows, backwards, combine):
     """AllSinkRowsFn (one pass, each output unpickled once, split over tasks, unpickled a chunk at a
-    time) gives each sink exactly the rows outputs_to_table gives it alone, in order."""
+    time) gives each sink exactly the rows outputs_to_table gives it alone, in order; combined, an
+    upsert's rows keep what its MERGE keeps (each key's last row), the outputs they stand for and the
+    earliest receive time."""
     schema = pa.schema([("sensor", pa.string()), ("value", pa.float64())])
     appended = DeltaSink("readings", schema=schema, accepts=lambda o: not isinstance(o, int))
     upserted = DeltaSink("latest", mode="upsert", keys=("sensor",), schema=schema, accepts=lambda o: not isinstance(o, int))
@@ -95,7 +109,7 @@ def test_every_sinks_rows_from_one_pass_equal_each_sinks_own(outs, tasks, chunk_
     order = [pa.field(ORDER[0], pa.int64()), pa.field(ORDER[1], pa.int32())]
     schemas = {0: schema, 1: pa.schema([*schema, *order]), 2: pa.schema([("bytes", pa.binary()), *order])}
     table = _envelopes(outs)
-    fn = AllSinkRowsFn([appended, upserted, sent], [0, 1, 2], schemas, table.schema, chunk_rows)
+    fn = AllSinkRowsFn([appended, upserted, sent], [0, 1, 2], schemas, table.schema, chunk_rows, combine=combine)
     step = max(1, -(-table.num_rows // tasks))
     parts = [table.slice(i, step) for i in range(0, table.num_rows, step)]
     if backwards:  # a task's envelopes out of order (as the stateful step gives them): put back in order
@@ -103,11 +117,41 @@ def test_every_sinks_rows_from_one_pass_equal_each_sinks_own(outs, tasks, chunk_
     got = pa.Table.from_batches([b for p in parts for b in fn(iter(p.to_batches()))], schema=fn.schema)
     for i, sink in enumerate([appended, upserted]):
         mine = got.filter(pa.compute.equal(got.column(SINK_INDEX), i))
-        rows = pa.table({f.name: mine.column(sink_column(i, f.name)) for f in schema}, schema=schema)
         chosen, meta = Outputs(table).for_sink(sink)
-        assert rows.equals(outputs_to_table(sink, chosen, meta))
+        want = outputs_to_table(sink, chosen, meta)
+        assert sum(mine.column(OUTPUTS).to_pylist()) == len(chosen)
+        if combine and sink is upserted:
+            names = [f.name for f in schemas[i]]
+            rows = pa.table({n: mine.column(sink_column(i, n)) for n in names}).to_pylist()
+            assert _last_by_order(rows, sink.keys) == _last_by_order(with_order(want, meta).to_pylist(), sink.keys)
+            times = [t for t in meta.arrow("receive_time").to_pylist() if t is not None]
+            assert min(mine.column(RECEIVE_TIME).to_pylist(), default=None) == min(times, default=None)
+            continue
+        rows = pa.table({f.name: mine.column(sink_column(i, f.name)) for f in schema}, schema=schema)
+        assert rows.equals(want)
         assert mine.column(RECEIVE_TIME).to_pylist() == meta.arrow("receive_time").to_pylist()
     mine = got.filter(pa.compute.equal(got.column(SINK_INDEX), 2))
     assert mine.column(sink_column(2, "bytes")).to_pylist() == [str(o).encode() for o in outs if isinstance(o, int)]
     assert mine.column(sink_column(2, ORDER[0])).to_pylist() == [100 + j for j, o in enumerate(outs) if isinstance(o, int)]
 
+
+
+@settings(max_examples=80, deadline=None)
+@given(rows=st.lists(st.tuples(st.sampled_from(["a", "b", None]), st.sampled_from([1, 2, None]), st.integers(0, 5),
+                               st.integers(1, 3), st.one_of(st.none(), st.integers(0, 59))), max_size=30))
+def test_last_per_key_rows_equals_the_last_row_of_each_key(rows):
+    """The combined rows of an upsert (two key columns, nulls among them): each key's last row, the
+    outputs summed, the earliest receive time, against a loop over the rows in order."""
+    times = [None if t is None else dt.datetime(2004, 3, 7, 0, 0, t, tzinfo=UTC) for *_, t in rows]
+    table = pa.table({"k1": [r[0] for r in rows], "k2": [r[1] for r in rows], "v": [r[2] for r in rows],
+                      OUTPUTS: [r[3] for r in rows], RECEIVE_TIME: times},
+                     schema=pa.schema([("k1", pa.string()), ("k2", pa.int64()), ("v", pa.int64()), (OUTPUTS, pa.int64()),
+                                       (RECEIVE_TIME, pa.timestamp("us", tz="UTC"))]))
+    want: dict = {}
+    for (k1, k2, v, n, _), t in zip(rows, times):
+        _, total, earliest = want.get((k1, k2), (None, 0, None))
+        earliest = t if earliest is None else earliest if t is None else min(earliest, t)
+        want[(k1, k2)] = (v, total + n, earliest)
+    got = last_per_key_rows(table, ("k1", "k2")).to_pylist()
+    assert len(got) == len(want)
+    assert {(r["k1"], r["k2"]): (r["v"], r[OUTPUTS], r[RECEIVE_TIME]) for r in got} == want
