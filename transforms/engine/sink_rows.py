@@ -269,7 +269,8 @@ class AllSinkRowsFn:
             yield from self._marked(QUARANTINE_INDEX, rows).to_batches()
         combined = {index: _Combined(sink.keys) for sink, index in zip(self.sinks, self.indexes)
                     if self.combine and isinstance(sink, DeltaSink) and sink.mode == "upsert"}
-        for outputs in _output_chunks(table, self.chunk_rows):  # each sink's rows stay in order
+        # Each sink's rows stay in order; a combined upsert's are held to the end (its MERGE picks by ORDER).
+        for outputs in _output_chunks(table, self.chunk_rows):
             for sink, index in zip(self.sinks, self.indexes):
                 data = self.rows(sink, index, outputs)
                 if data is not None and index in combined:
