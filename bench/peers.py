@@ -32,8 +32,8 @@ Bytewax with `bytewax.testing.run_main`, the loop function called directly, and 
 `orchestration.runner.run_all` (what `eventide run` does, so cold minus steady is start-up: JVM,
 imports, Dagster) on a warm Spark session (`transforms.spark.get_spark`), after a small warm-up run in
 another home, over a fresh copy of the landed home. The Spark query time of the app alone is recorded
-too (`<w>_eventide_steady_app_query_median_s`). Eventide's word count runs ~1.4k lines/s, so its
-steady state at 200k lines adds ~3 x 140 s: the full default leaves it out (`--steady logs,market`);
+too (`<w>_eventide_steady_app_query_median_s`). Eventide's word count runs ~3k lines/s, so its
+steady state at 200k lines adds ~3 x 60 s: the full default leaves it out (`--steady logs,market`);
 `--steady all` puts it back.
 
 Outputs must agree, or the benchmark raises: logs, the same {(day, status): count} as the generator;
