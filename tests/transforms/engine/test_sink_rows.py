@@ -135,7 +135,6 @@ def test_every_sinks_rows_from_one_pass_equal_each_sinks_own(outs, tasks, chunk_
     assert mine.column(sink_column(2, ORDER[0])).to_pylist() == [100 + j for j, o in enumerate(outs) if isinstance(o, int)]
 
 
-
 @settings(max_examples=80, deadline=None)
 @given(rows=st.lists(st.tuples(st.sampled_from(["a", "b", None]), st.sampled_from([1, 2, None]), st.integers(0, 5),
                                st.integers(1, 3), st.one_of(st.none(), st.integers(0, 59))), max_size=30))
