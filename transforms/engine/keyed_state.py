@@ -40,6 +40,7 @@ from transforms.engine.envelope import (
     spark_frame,
 )
 from transforms.engine.plan import QueryMode, QueryPlan
+from transforms.engine.sink_rows import PACKED_ROWS, AllSinkRowsFn, Snapshots
 from transforms.engine.stages import apply_steps
 from transforms.engine.state_layout import STATE_BUCKETS, StateLayout
 
@@ -48,9 +49,10 @@ from transforms.engine.state_layout import STATE_BUCKETS, StateLayout
 class KeyedStateProcessor(StatefulProcessor):
     """Holds each key's state objects (one per state class) pickled in a RocksDB value state."""
 
-    def __init__(self, plan: QueryPlan, fail_fast: bool):
+    def __init__(self, plan: QueryPlan, fail_fast: bool, fold: AllSinkRowsFn | None = None):
         self.plan = plan
         self.fail_fast = fail_fast
+        self.fold = fold
         self.closable = bool(window_steps(plan))  # only a window step gets close records
 
     def init(self, handle) -> None:
@@ -71,7 +73,7 @@ class KeyedStateProcessor(StatefulProcessor):
         frames = list(rows)
         df = frames[0].reset_index(drop=True) if len(frames) == 1 else pd.concat(frames, ignore_index=True)
         if key == QUARANTINE_KEY:
-            yield df[ENVELOPE.names]
+            yield df[ENVELOPE.names] if self.fold is None else _passed_on(_rows(self.fold), df, 0, len(df)).frame(None, df)
             return
         seq = df["seq"].to_numpy()
         if not (len(seq) < 2 or (seq[1:] > seq[:-1]).all()):  # usually already in order: skip the sort
@@ -79,7 +81,7 @@ class KeyedStateProcessor(StatefulProcessor):
         states = self._load()
         ctx = self._context(key, timerValues, self.plan.timers)
         columns = [DECODED_PREFIX + n for n in self.plan.decoded_schema.names] if self.plan.mode is QueryMode.COLUMNAR else None
-        out = _run_key(df, states, self.plan.branches, self.fail_fast, columns, ctx, self.closable)
+        out = _run_key(df, states, self.plan.branches, self.fail_fast, columns, ctx, self.closable, self.fold)
         self.value.update((dumps(states),))
         yield out
 
@@ -88,17 +90,18 @@ class KeyedStateProcessor(StatefulProcessor):
         states = self._load()
         ctx = self._context(key, timerValues, True)
         expiry = expiredTimerInfo.getExpiryTimeInMs()
-        rows = []
+        out = _rows(self.fold)
         fired = _fire_each(branch_plans(self.plan.branches), lambda sc: sc.on_timer, self.fail_fast,
                            lambda sc: call_user(f"{sc.name} (on_timer)", self.fail_fast, sc.fire_timer, key,
                                                 _state_for(states, sc), expiry, ctx))
         for bno, outs in fired:
             if isinstance(outs, Quarantined):  # no input message: a quarantine row with sequence -1
-                rows.append(("quarantine", -1, len(rows), bno, None, outs.step, outs.reason))
+                out.add("quarantine", -1, len(out), bno, None, outs.step, outs.reason, None)
             else:
-                rows.extend(("out", -1, len(rows) + j, bno, dumps(o)) for j, o in enumerate(outs))
+                for o in outs:
+                    out.output(-1, len(out), bno, o, None)
         self.value.update((dumps(states),))
-        yield _envelope_frame(rows, key)
+        yield out.frame(key, None)
 
     def close(self) -> None:
         pass
@@ -121,11 +124,12 @@ class BucketedStateProcessor(StatefulProcessor):
     sequence order through its state, the key's state objects pickled in a map state entry. Only for
     plans without timers."""
 
-    def __init__(self, plan: QueryPlan, fail_fast: bool):
+    def __init__(self, plan: QueryPlan, fail_fast: bool, fold: AllSinkRowsFn | None = None):
         if plan.timers:
             raise ValueError(f"{plan.name}: timers belong to a Spark group: use KeyedStateProcessor")
         self.plan = plan
         self.fail_fast = fail_fast
+        self.fold = fold
         self.closable = bool(window_steps(plan))  # only a window step gets close records
 
     def init(self, handle) -> None:
@@ -147,17 +151,23 @@ class BucketedStateProcessor(StatefulProcessor):
         keys = df["key"].tolist()
         now, watermark = _safe(timerValues.getCurrentProcessingTimeInMs), _safe(timerValues.getCurrentWatermarkInMs)
         columns = [DECODED_PREFIX + n for n in self.plan.decoded_schema.names] if self.plan.mode is QueryMode.COLUMNAR else None
-        out = _Rows()
+        out = _rows(self.fold)
         for lo, hi in zip(starts, ends):
             key = keys[lo]
             if key == QUARANTINE_KEY:
-                yield df.iloc[lo:hi][ENVELOPE.names]
+                if self.fold is None:
+                    yield df.iloc[lo:hi][ENVELOPE.names]
+                else:
+                    _passed_on(out, df, lo, hi)
                 continue
             found = self.states.getValue((key,))
             states = pickle.loads(found[0]) if found is not None else {}
             _run_rows(out, rows_in, lo, hi, states, self.plan.branches, self.fail_fast, columns,
                       Context(key, now, watermark))
             self.states.updateValue((key,), (dumps(states),))
+            if self.fold is not None and len(out) >= _FOLDED_ROWS_HELD:  # a bucket's outputs held a part at a time
+                yield out.frame(None, df)
+                out = _rows(self.fold)
         yield out.frame(None, df)
 
     def close(self) -> None:
@@ -203,19 +213,23 @@ def unpack(frames: Iterator[pd.DataFrame]) -> pd.DataFrame:
     return spark_frame(tables[0] if len(tables) == 1 else pa.concat_tables(tables))
 
 
-def stateful_step(env, plan: QueryPlan, fail_fast: bool, layout: StateLayout):
+def stateful_step(env, plan: QueryPlan, fail_fast: bool, layout: StateLayout, fold: AllSinkRowsFn | None = None):
     """The envelopes through the plan's stateful step (one transformWithStateInPandas operator), in the
-    checkpoint's `layout`. A multi-level pipeline has one per level (engine/levels.py)."""
+    checkpoint's `layout`. A multi-level pipeline has one per level (engine/levels.py).
+
+    With `fold` (the last level's, when every sink's columns are known before the batch: sinks.BatchWriter),
+    the step makes the sinks' rows itself, from the outputs it holds, instead of pickling each output for
+    a pass of its own that unpickles it: each group's rows leave as Arrow IPC (PACKED_ROWS)."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
     if layout is StateLayout.BUCKET:
         packed = with_buckets(env).mapInArrow(pack_by_bucket, from_arrow_schema(PACKED))
-        grouped, processor = packed.groupBy("bucket"), BucketedStateProcessor(plan, fail_fast)
+        grouped, processor = packed.groupBy("bucket"), BucketedStateProcessor(plan, fail_fast, fold)
     else:
-        grouped, processor = env.groupBy("key"), KeyedStateProcessor(plan, fail_fast)
+        grouped, processor = env.groupBy("key"), KeyedStateProcessor(plan, fail_fast, fold)
     return grouped.transformWithStateInPandas(
         statefulProcessor=processor,
-        outputStructType=from_arrow_schema(ENVELOPE),
+        outputStructType=from_arrow_schema(ENVELOPE if fold is None else PACKED_ROWS),
         outputMode="Append",
         timeMode=plan.spark_time_mode.value,
     )
@@ -243,7 +257,7 @@ class _Rows:
     __slots__ = ("kind", "seq", "part", "branch", "msg", "step", "reason", "src")
 
     def __init__(self) -> None:
-        for name in self.__slots__:
+        for name in _Rows.__slots__:
             setattr(self, name, [])
 
     def add(self, kind, seq, part, branch, msg, step, reason, src) -> None:
@@ -255,6 +269,13 @@ class _Rows:
         self.step.append(step)
         self.reason.append(reason)
         self.src.append(src)
+
+    def output(self, seq, part, branch, obj, src) -> None:
+        """An output of input row `src`: pickled now, so a later change to the object does not reach it."""
+        self.add("out", seq, part, branch, dumps(obj), None, None, src)
+
+    def __len__(self) -> int:
+        return len(self.kind)
 
     def frame(self, key: str | None, src: pd.DataFrame | None) -> pd.DataFrame:
         """The envelopes as a frame; `key` None: each row's key is its input row's (several keys)."""
@@ -290,15 +311,63 @@ class _Rows:
 
 # Spark rejects float64 columns where it expects strings: an empty frame must keep the right types.
 _EMPTY_ENVELOPE = ENVELOPE.empty_table().to_pandas()
+_EMPTY_PACKED_ROWS = PACKED_ROWS.empty_table().to_pandas()
+_RECEIVE_TIME = ENVELOPE.field("receive_time").type
+_FOLDED_ROWS_HELD = 262_144  # outputs a bucket's folded rows hold before they leave (between keys)
 
 
-def _envelope_frame(rows: list[tuple], key: str) -> pd.DataFrame:
-    """Envelopes without an input row (timer outputs): (kind, seq, part, branch, msg[, step, reason])."""
-    out = _Rows()
-    for kind, seq, part, branch, msg, *why in rows:
-        step, reason = why or (None, None)
-        out.add(kind, seq, part, branch, msg, step, reason, None)
-    return out.frame(key, None)
+class _FoldedRows(_Rows):
+    """The sinks' pass folded into the keyed step (stateful_step's `fold`): each output is snapshot for
+    the sinks when it is returned (sink_rows.Snapshots), and `frame` gives the sinks' rows of the
+    outputs and quarantine envelopes held, as one row of Arrow IPC (PACKED_ROWS)."""
+
+    __slots__ = ("fold", "snapshots")
+
+    def __init__(self, fold: AllSinkRowsFn) -> None:
+        super().__init__()
+        self.fold = fold
+        self.snapshots = Snapshots(fold.sinks)
+
+    def output(self, seq, part, branch, obj, src) -> None:
+        self.snapshots.add(obj)
+        self.add("out", seq, part, branch, None, None, None, src)
+
+    def frame(self, key: str | None, src: pd.DataFrame | None) -> pd.DataFrame:
+        n = len(self.kind)
+        if n == 0:
+            return _EMPTY_PACKED_ROWS.copy()
+        kinds = np.asarray(self.kind, dtype=object)
+        if src is not None:
+            idx = np.asarray(self.src, dtype=np.int64)
+            stream = pa.array(src["stream"].to_numpy(dtype=object)[idx], pa.string())
+            received = pa.array(src["receive_time"].to_numpy()[idx], from_pandas=True).cast(_RECEIVE_TIME)
+            connection = pa.array(src["connection"].to_numpy(dtype=object)[idx], pa.string())
+        else:
+            stream, received, connection = pa.nulls(n, pa.string()), pa.nulls(n, _RECEIVE_TIME), pa.nulls(n, pa.string())
+        rows = pa.table({"seq": pa.array(self.seq, pa.int64()), "part": pa.array(self.part, pa.int32()),
+                         "stream": stream, "receive_time": received, "connection": connection})
+        is_out = kinds == "out"
+        outputs = rows.filter(pa.array(is_out)) if not is_out.all() else rows
+        quarantined = np.flatnonzero(~is_out)
+        q = rows.take(pa.array(quarantined, pa.int64()))
+        payloads = [None if src is None else src["payload"].iat[self.src[i]] for i in quarantined.tolist()]
+        q = q.append_column("step", pa.array([self.step[i] for i in quarantined.tolist()], pa.string())).append_column(
+            "reason", pa.array([self.reason[i] for i in quarantined.tolist()], pa.string())).append_column(
+            "payload", pa.array(payloads, pa.binary()))
+        chunks = [self.snapshots.done(outputs)] if len(self.snapshots) else []
+        return pd.DataFrame({"rows": self.fold.packed_rows(q, chunks)}, columns=PACKED_ROWS.names, dtype=object)
+
+
+def _rows(fold: AllSinkRowsFn | None) -> _Rows:
+    return _Rows() if fold is None else _FoldedRows(fold)
+
+
+def _passed_on(out: _Rows, df: pd.DataFrame, lo: int, hi: int) -> _Rows:
+    """Quarantine envelopes lo..hi of `df` (they pass the stateful step untouched) added to `out`."""
+    for i in range(lo, hi):
+        out.add("quarantine", int(df["seq"].iat[i]), int(df["part"].iat[i]), int(df["branch"].iat[i]), None,
+                df["step"].iat[i], df["reason"].iat[i], i)
+    return out
 
 
 class _Input:
@@ -318,10 +387,11 @@ class _Input:
 
 
 def _run_key(df: pd.DataFrame, states: dict, branches: tuple, fail_fast: bool, columns: list[str] | None = None,
-             ctx: Context | None = None, closable: bool = True) -> pd.DataFrame:
-    """Apply one key's messages (sorted by sequence) to its state: its output envelopes."""
+             ctx: Context | None = None, closable: bool = True, fold: AllSinkRowsFn | None = None) -> pd.DataFrame:
+    """Apply one key's messages (sorted by sequence) to its state: its output envelopes (with `fold`, the
+    sinks' rows instead)."""
     key = df["key"].iat[0]
-    out = _Rows()
+    out = _rows(fold)
     _run_rows(out, _Input(df, closable), 0, len(df), states, branches, fail_fast, columns, ctx or Context(key))
     return out.frame(key, df)
 
@@ -373,7 +443,7 @@ def _run_rows(out: _Rows, rows: _Input, lo: int, hi: int, states: dict, branches
         else:
             base = parts[i] * 1000
             for j, o in enumerate(outs):
-                out.add("out", seqs[i], base + j, bno, dumps(o), None, None, i)
+                out.output(seqs[i], base + j, bno, o, i)
         i += 1
 
 
@@ -415,7 +485,7 @@ def _close_at_end(out: _Rows, seq: int, row: int, plans: list, states: dict, fai
             part += 1
             continue
         for o in outs:
-            out.add("out", seq, part, bno, dumps(o), None, None, row)
+            out.output(seq, part, bno, o, row)
             part += 1
 
 
@@ -443,4 +513,4 @@ def _run_batch(out: _Rows, seqs, parts, branch_col, frame: pd.DataFrame, i, j, s
         if s is not None and position is None:
             position = {s: k for k, s in enumerate(seqs[i:j], start=i)}
         k = position.get(int(s), j - 1) if s is not None else j - 1
-        out.add("out", seqs[k], n_out, branch_col[k], dumps(rec), None, None, k)
+        out.output(seqs[k], n_out, branch_col[k], rec, k)

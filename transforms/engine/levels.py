@@ -115,9 +115,10 @@ def ranks_within(seq: np.ndarray, part: np.ndarray) -> np.ndarray:
     return ranks
 
 
-def next_level(env, level: QueryPlan, fail_fast: bool, layout):
-    """The previous level's output envelopes through `level`: re-keyed, then its stateful operator."""
+def next_level(env, level: QueryPlan, fail_fast: bool, layout, fold=None):
+    """The previous level's output envelopes through `level`: re-keyed, then its stateful operator (the
+    last level's with the sinks' pass folded in: stateful_step's `fold`)."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
     rekeyed = env.mapInArrow(make_rekey_stage(level, fail_fast), from_arrow_schema(ENVELOPE))
-    return stateful_step(rekeyed, level, fail_fast, layout)
+    return stateful_step(rekeyed, level, fail_fast, layout, fold)

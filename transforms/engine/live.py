@@ -72,7 +72,8 @@ class LiveQuery:
         self.writer = BatchWriter(self.plan, self.settings, self.report, self.addresses, self.on_batch,
                                   per_row_latencies=True)
         try:
-            self.query = start_query(self.spark, self.plan, self.settings, self.writer, {"processingTime": self.trigger})
+            self.query = start_query(self.spark, self.plan, self.settings, self.writer, {"processingTime": self.trigger},
+                                     self.writer.fold)
         except Exception as e:  # noqa: BLE001 - a query that cannot start is retried like one that failed
             self._failed(e)
             return

@@ -33,6 +33,7 @@ from transforms.engine.levels import next_level
 from transforms.engine.locks import QueryLock, describe, holder_of
 from transforms.engine.plan import QueryPlan, plan_queries
 from transforms.engine.report import RunReport
+from transforms.engine.sink_rows import AllSinkRowsFn
 from transforms.engine.sinks import BatchWriter, resolve_tcp_sinks
 from transforms.engine.stages import make_pre_stage
 from transforms.engine.state_layout import StateLayout, state_layout
@@ -41,9 +42,11 @@ from transforms.settings import Settings
 from transforms.spark import explain_task_error
 
 
-def build_stream(spark, plan: QueryPlan, settings: Settings, layout: StateLayout = StateLayout.BUCKET):
+def build_stream(spark, plan: QueryPlan, settings: Settings, layout: StateLayout = StateLayout.BUCKET,
+                 fold: AllSinkRowsFn | None = None):
     """The streaming DataFrame of a plan, up to the sinks. `layout`: how a keyed plan's state is
-    grouped (its checkpoint's, see state_layout.py)."""
+    grouped (its checkpoint's, see state_layout.py); `fold`: the sinks' pass its last keyed step makes
+    (BatchWriter.fold; None: it gives envelopes)."""
     df = plan_log(settings, plan).source(spark, plan)  # the home's log, or a kafka_source's topic
     df = keep_close_records(df.where(df.stream.isin(plan.streams)), plan)
     if not plan.quarantine_landing_errors:
@@ -54,9 +57,9 @@ def build_stream(spark, plan: QueryPlan, settings: Settings, layout: StateLayout
 
     env = df.mapInArrow(make_pre_stage(plan, settings.fail_fast), from_arrow_schema(plan.stage_schema))
     if plan.keyed:
-        env = stateful_step(env, plan, settings.fail_fast, layout)
-        for level in plan.levels:  # a multi-level pipeline: the next levels' operators (engine/levels.py)
-            env = next_level(env, level, settings.fail_fast, layout)
+        env = stateful_step(env, plan, settings.fail_fast, layout, None if plan.levels else fold)
+        for n, level in enumerate(plan.levels, start=1):  # a multi-level pipeline's next levels (engine/levels.py)
+            env = next_level(env, level, settings.fail_fast, layout, fold if n == len(plan.levels) else None)
     return env
 
 
@@ -144,7 +147,7 @@ def _run_locked(spark, plan: QueryPlan, settings: Settings, addresses: dict, rep
     planned_before = last_planned_batch(plan.checkpoint(settings))
     # Timers need batches on the clock (see above); without them, availableNow ends by itself.
     trigger = {"processingTime": TIMER_TRIGGER} if plan.timers else {"availableNow": True}
-    query = start_query(spark, plan, settings, _SaysProgress(writer, said) if said else writer, trigger)
+    query = start_query(spark, plan, settings, _SaysProgress(writer, said) if said else writer, trigger, writer.fold)
     try:
         if plan.timers:
             stop_after_no_data_batch(query, planned_before, plan_log(settings, plan))
@@ -207,14 +210,16 @@ class _SaysProgress:
         self.writer(batch_df, batch_id)
 
 
-def start_query(spark, plan: QueryPlan, settings: Settings, writer: Callable, trigger: dict):
-    """Start the plan's streaming query on its checkpoint, every batch through `writer`."""
+def start_query(spark, plan: QueryPlan, settings: Settings, writer: Callable, trigger: dict,
+                fold: AllSinkRowsFn | None = None):
+    """Start the plan's streaming query on its checkpoint, every batch through `writer` (`fold`: the
+    writer's, see build_stream)."""
     ckpt = plan.checkpoint(settings)
     ckpt.parent.mkdir(parents=True, exist_ok=True)
     clear_unplanned(ckpt)  # a kill while batch 0 was being planned must not block every restart
     layout = state_layout(plan, ckpt, settings.state_layout) if plan.keyed else StateLayout.BUCKET
     return (
-        build_stream(spark, plan, settings, layout).writeStream.queryName(plan.name.replace(".", "_"))
+        build_stream(spark, plan, settings, layout, fold).writeStream.queryName(plan.name.replace(".", "_"))
         .foreachBatch(writer)
         .option("checkpointLocation", str(ckpt.absolute()))
         .trigger(**trigger)

@@ -1,5 +1,6 @@
 """A micro-batch's outputs as each sink's rows: pure Arrow functions, and the mapInArrow functions
-that run them on the executors (sinks.py writes their results with Spark's Delta writer).
+that run them on the executors (sinks.py writes their results with Spark's Delta writer). The keyed
+step can make the same rows itself (`Snapshots`, `AllSinkRowsFn.packed_rows`: the pass folded in).
 
 `outputs_to_table` is the fast form (column by column); tests hold it equal to the row-by-row
 reference (`to_record` per output, then `pa.Table.from_pylist`).
@@ -7,10 +8,14 @@ reference (`to_record` per output, then `pa.Table.from_pylist`).
 
 from __future__ import annotations
 
+import copy
+import datetime as dt
+import decimal
 import pickle
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from functools import cached_property
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -50,6 +55,89 @@ class Outputs:
         if len(sel) == len(self.messages):  # the common case: the sink takes every output
             return self.messages, self.metadata
         return [self.messages[i] for i in sel], EnvelopeColumns(self.table, pa.array(sel, pa.int64()))
+
+    def records_of(self, chosen: list) -> list | None:
+        """The records of `chosen` (for_sink's), if made already."""
+        return self.records if chosen is self.messages else None
+
+    def driver_columns(self, sink: TCPSink | KafkaSink, chosen: list) -> pa.Table:
+        """A TCP or Kafka sink's columns for `chosen` (for_sink's): the encoder's bytes (and the key)."""
+        if isinstance(sink, TCPSink):
+            return pa.table({"bytes": pa.array(encode_all(sink, chosen), pa.binary())})
+        return pa.table({"bytes": pa.array([sink.encoder(o) for o in chosen], pa.binary()),
+                         "key": pa.array([sink.key_of(o) for o in chosen], pa.binary())})
+
+
+_IMMUTABLE = (str, int, float, complex, bytes, type(None), dt.date, dt.time, dt.timedelta, decimal.Decimal, np.generic)
+_SHARED: dict[type, bool] = {}  # per type of value: whether a record may share it (immutable)
+
+
+def snapshot_record(out) -> dict:
+    """`to_record(out)` as it is now: a dict output copied, and a value that could change later (a list,
+    a dict, an object) deep-copied. What pickling each output when it is returned gave the sinks."""
+    record = to_record(out)
+    if record is out:
+        record = dict(record)
+    for name, value in record.items():
+        shared = _SHARED.get(type(value))
+        if shared is None:
+            shared = _SHARED[type(value)] = issubclass(type(value), _IMMUTABLE)
+        if not shared:
+            record[name] = copy.deepcopy(value)
+    return record
+
+
+class Snapshots:
+    """Outputs as the keyed step folds them into the sinks' rows (AllSinkRowsFn.packed_rows): each
+    output's record and, per sink, whether it wants the output and its encoded bytes, all made when the
+    output was returned (`add`), so a change to the object afterwards (a state object returned, then
+    changed by the next message) does not reach the sinks, as with the pickled outputs; then `done`
+    with their envelope columns (METADATA_COLUMNS), in the outputs' order."""
+
+    def __init__(self, sinks: list) -> None:
+        self.messages: list[dict] = []  # the records: what the rows are made of (and errors quote)
+        self.choosy = [(id(s), s) for s in sinks if s.accepts is not None]
+        self.drivers = [(id(s), s) for s in sinks if isinstance(s, (TCPSink, KafkaSink))]
+        self.wanted: dict[int, list[int]] = {k: [] for k, _ in self.choosy}
+        self.encoded: dict[int, list] = {k: [] for k, _ in self.drivers}
+        self.metadata: EnvelopeColumns | None = None
+
+    def __len__(self) -> int:
+        return len(self.messages)
+
+    def add(self, out) -> None:
+        n = len(self.messages)
+        self.messages.append(snapshot_record(out))
+        for k, sink in self.choosy:
+            if sink.wants(out):
+                self.wanted[k].append(n)
+        for k, sink in self.drivers:
+            if k in self.wanted and (not self.wanted[k] or self.wanted[k][-1] != n):
+                continue
+            if isinstance(sink, TCPSink):
+                self.encoded[k].append(encode_all(sink, [out])[0])
+            else:
+                self.encoded[k].append((sink.encoder(out), sink.key_of(out)))
+
+    def done(self, metadata: pa.Table) -> Snapshots:
+        self.metadata = EnvelopeColumns(metadata)
+        return self
+
+    def for_sink(self, sink) -> tuple[list, EnvelopeColumns]:
+        sel = self.wanted.get(id(sink))
+        if sel is None or len(sel) == len(self.messages):
+            return self.messages, self.metadata
+        return [self.messages[i] for i in sel], EnvelopeColumns(self.metadata.table, pa.array(sel, pa.int64()))
+
+    def records_of(self, chosen: list) -> list:
+        return chosen
+
+    def driver_columns(self, sink: TCPSink | KafkaSink, chosen: list) -> pa.Table:
+        encoded = self.encoded[id(sink)]
+        if isinstance(sink, TCPSink):
+            return pa.table({"bytes": pa.array(encoded, pa.binary())})
+        return pa.table({"bytes": pa.array([v for v, _ in encoded], pa.binary()),
+                         "key": pa.array([k for _, k in encoded], pa.binary())})
 
 
 class EnvelopeColumns(Mapping):
@@ -191,7 +279,9 @@ class _Combined:
         """Take a chunk's rows; what to send now (None: held, combined)."""
         if not self.on:
             return data
-        data = data.append_column(OUTPUTS, pa.array([1] * data.num_rows, pa.int64()))
+        # In their order (the keyed step's folded rows come key by key, not always in it), a stable sort.
+        data = data.append_column(OUTPUTS, pa.array([1] * data.num_rows, pa.int64())).sort_by(
+            [(ORDER[0], "ascending"), (ORDER[1], "ascending")])
         try:
             combined = last_per_key_rows(data, self.keys)
         except (pa.ArrowNotImplementedError, pa.ArrowTypeError):  # a key Arrow cannot group by
@@ -235,13 +325,10 @@ class AllSinkRowsFn:
         if not chosen:
             return None
         schema = self.schemas[index]
-        if isinstance(sink, TCPSink):
-            data = pa.table({"bytes": pa.array(encode_all(sink, chosen), pa.binary())})
-        elif isinstance(sink, KafkaSink):  # a record: the encoder's bytes as its value, with its key
-            data = pa.table({"bytes": pa.array([sink.encoder(o) for o in chosen], pa.binary()),
-                             "key": pa.array([sink.key_of(o) for o in chosen], pa.binary())})
+        if isinstance(sink, (TCPSink, KafkaSink)):  # a Kafka record: the encoder's bytes as its value, with its key
+            data = outputs.driver_columns(sink, chosen)
         else:
-            data = outputs_to_table(sink, chosen, meta, outputs.records if chosen is outputs.messages else None)
+            data = outputs_to_table(sink, chosen, meta, outputs.records_of(chosen))
             if sink.schema is None:
                 data = conform(data, pa.schema([f for f in schema if f.name not in ORDER]), sink.table)
         if ORDER[0] in schema.names:
@@ -262,15 +349,19 @@ class AllSinkRowsFn:
         if not batches:
             return
         table = pa.Table.from_batches(batches)
-        kind = table.column("kind")
-        quarantined = of_kind(table, kind, "quarantine")
+        quarantined = of_kind(table, table.column("kind"), "quarantine")
+        yield from self.sink_rows(quarantined, _output_chunks(table, self.chunk_rows))
+
+    def sink_rows(self, quarantined: pa.Table, chunks: Iterable[Outputs | Snapshots]) -> Iterator[pa.RecordBatch]:
+        """The rows of a task's quarantine envelopes (QUARANTINE_COLUMNS) and outputs (in order, a chunk at
+        a time)."""
         if quarantined.num_rows:
             rows = quarantined.select(list(QUARANTINE_COLUMNS)).append_column(RECEIVE_TIME, quarantined.column("receive_time"))
             yield from self._marked(QUARANTINE_INDEX, rows).to_batches()
         combined = {index: _Combined(sink.keys) for sink, index in zip(self.sinks, self.indexes)
                     if self.combine and isinstance(sink, DeltaSink) and sink.mode == "upsert"}
         # Each sink's rows stay in order; a combined upsert's are held to the end (its MERGE picks by ORDER).
-        for outputs in _output_chunks(table, self.chunk_rows):
+        for outputs in chunks:
             for sink, index in zip(self.sinks, self.indexes):
                 data = self.rows(sink, index, outputs)
                 if data is not None and index in combined:
@@ -280,6 +371,38 @@ class AllSinkRowsFn:
         for index, held in combined.items():
             if held.rows is not None:
                 yield from self._marked(index, held.rows).to_batches()
+
+    def packed_rows(self, quarantined: pa.Table, chunks: Iterable[Snapshots]) -> list[bytes]:
+        """`sink_rows` as Arrow IPC streams of about `chunk_rows` rows each (PACKED_ROWS' values, each far
+        from a binary value's 2 GB): what the keyed step gives when the sinks' pass is folded into it
+        (keyed_state._FoldedRows)."""
+        packed, held, n = [], [], 0
+        for batch in [*self.sink_rows(quarantined, chunks), None]:
+            if batch is not None:
+                held.append(batch)
+                n += batch.num_rows
+                if n < self.chunk_rows:
+                    continue
+            if held:
+                sink = pa.BufferOutputStream()
+                with pa.ipc.new_stream(sink, self.schema) as writer:
+                    for b in held:
+                        writer.write_batch(b)
+                packed.append(sink.getvalue().to_pybytes())
+                held, n = [], 0
+        return packed
+
+
+# The keyed step's output when the sinks' pass is folded into it: each group's sink rows as Arrow IPC.
+PACKED_ROWS = pa.schema([("rows", pa.binary())])
+
+
+def unpack_rows(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """mapInArrow: PACKED_ROWS in, the sink rows they hold out (AllSinkRowsFn.schema)."""
+    for batch in batches:
+        for blob in batch.column(0).to_pylist():
+            if blob is not None:
+                yield from pa.ipc.open_stream(blob).read_all().to_batches()
 
 
 class InferSchemaFn:

@@ -6,7 +6,9 @@ writes the quarantine rows first (a bad message is never lost, even if a sink fa
 writer per sink write its share: the TCP sinks first (answers do not wait for the lake), then the
 Delta sinks in the plan's order. A direct plan (bronze) makes one pass instead: its one sink's append,
 then its rare quarantine rows (a failed append stops the batch, whose replay writes both). The executors turn the outputs into every
-sink's rows in one Python pass (sink_rows.AllSinkRowsFn: each output unpickled once); a Delta sink's
+sink's rows in one Python pass (sink_rows.AllSinkRowsFn: each output unpickled once), which a keyed plan
+whose sinks' columns are all declared folds into its keyed step (`BatchWriter.fold`: the step makes the
+rows from the outputs it holds, and none is pickled); a Delta sink's
 rows go to the lake (append, or MERGE of the last row per key), a TCP sink's encoded bytes to the
 driver, in order, and out through the sink's sender process. `WRITERS` maps each kind of sink of
 transforms.api to its writer class, so a new kind of sink is a new class there.
@@ -52,6 +54,7 @@ from transforms.engine.sink_rows import (
     AllSinkRowsFn,
     InferSchemaFn,
     sink_column,
+    unpack_rows,
 )
 from transforms.files import write_text_atomic
 from transforms.settings import ConfigError, Settings
@@ -125,6 +128,17 @@ class BatchWriter:
         self.per_row_latencies = per_row_latencies
         self.quarantine = QuarantineWriter(ctx)
         self.sinks = make_sink_writers(ctx)
+        self.fold = self._fold()
+
+    def _fold(self) -> AllSinkRowsFn | None:
+        """The sinks' pass for the keyed step to fold in (keyed_state.stateful_step): a keyed plan's whose
+        active sinks' columns are all known before a batch (no Delta sink inferring its schema)."""
+        writers = [w for w in self.sinks if w.active]
+        if not self.plan.keyed or any(isinstance(w, DeltaSinkWriter) and w.sink.schema is None for w in writers):
+            return None
+        return AllSinkRowsFn([w.sink for w in writers], [w.index for w in writers],
+                             {w.index: w.row_schema(None) for w in writers}, ENVELOPE,
+                             combine=not self.per_row_latencies)  # combined rows keep only their earliest latency
 
     def __call__(self, batch_df, batch_id: int) -> None:
         report = self.report
@@ -197,6 +211,8 @@ class BatchWriter:
 
         source, shapes = batch_df, {}
         inferred = [w for w in self.sinks if isinstance(w, DeltaSinkWriter) and w.sink.schema is None]
+        if self.fold is not None:  # the keyed step made the rows (stateful_step's fold): unpacked, no Python pass
+            inferred = []
         if inferred:  # the inferred columns first: a pass of their own over the kept batch
             source = batch_df.persist(StorageLevel.MEMORY_AND_DISK)
             shapes = infer_schemas(source, [w.index for w in inferred], [w.sink for w in inferred])
@@ -204,9 +220,13 @@ class BatchWriter:
         writers = [w for w in self.sinks if w.active and (not isinstance(w, DeltaSinkWriter) or w.sink.schema is not None
                                                           or shapes.get(w.index) is not None)]
         schemas = {w.index: w.row_schema(shapes.get(w.index)) for w in writers}
-        fn = AllSinkRowsFn([w.sink for w in writers], [w.index for w in writers], schemas, batch_df_schema(self.plan),
-                           combine=not self.per_row_latencies)  # combined rows keep only their earliest latency
-        rows = source.mapInArrow(fn, from_arrow_schema(fn.schema)).persist(StorageLevel.MEMORY_AND_DISK)
+        if self.fold is not None:
+            rows = source.mapInArrow(unpack_rows, from_arrow_schema(self.fold.schema))
+        else:
+            fn = AllSinkRowsFn([w.sink for w in writers], [w.index for w in writers], schemas, batch_df_schema(self.plan),
+                               combine=not self.per_row_latencies)  # combined rows keep only their earliest latency
+            rows = source.mapInArrow(fn, from_arrow_schema(fn.schema))
+        rows = rows.persist(StorageLevel.MEMORY_AND_DISK)
         try:
             # The TCP and Kafka sinks' rows come to the driver, which sends them (DRIVER_COLUMNS).
             driver = [w for w in writers if w.DRIVER_COLUMNS]

@@ -154,3 +154,111 @@ def test_last_per_key_rows_equals_the_last_row_of_each_key(rows):
     got = last_per_key_rows(table, ("k1", "k2")).to_pylist()
     assert len(got) == len(want)
     assert {(r["k1"], r["k2"]): (r["v"], r[OUTPUTS], r[RECEIVE_TIME]) for r in got} == want
+
+
+# -- the sinks' pass folded into the keyed step, against the pass over its envelopes -------------------
+class _Tally:
+    def __init__(self) -> None:
+        self.n = 0
+        self.seen: list = []
+        self.summary = {"sensor": "all", "n": 0, "history": self.seen}  # returned, then changed
+
+
+@dataclass
+class _Count:
+    sensor: str
+    n: int
+    history: list
+
+
+def _as_set(rows: list[dict]) -> list:
+    return sorted(rows, key=repr)
+
+
+@settings(max_examples=60, deadline=None)
+@given(values=st.lists(st.one_of(st.sampled_from(["a", "b", "ü"]), st.integers(-5, 5)), max_size=25),
+       batch_form=st.booleans(), combine=st.booleans(), quarantined=st.lists(st.integers(0, 24), max_size=3),
+       chunk_rows=st.sampled_from([1, 3, 65_536]))
+def test_the_folded_keyed_step_gives_each_sink_the_rows_of_the_pass(values, batch_form, combine, quarantined, chunk_rows):
+    """The keyed step with the sinks' pass folded in (each output snapshot when returned) gives each
+    sink the rows AllSinkRowsFn gives over the same step's pickled envelopes: the appended rows, what an
+    upsert's MERGE keeps and the outputs it counts, a TCP sink's bytes in order, the quarantine rows.
+    The state computation returns a dict and a list of its state that it goes on changing: the rows hold
+    each output as it was when returned."""
+    import numpy as np
+    import pandas as pd
+
+    from transforms.api import Emit, source, state_computation
+    from transforms.engine.keyed_state import _passed_on, _rows, _run_key
+    from transforms.engine.sink_rows import PACKED_ROWS, QUARANTINE_INDEX, unpack_rows
+
+    if batch_form:
+        @state_computation("tally", state=_Tally, batch=True)
+        def tally(frame, state):  # answers the inputs backwards: outputs name their input (Emit)
+            out = []
+            for seq, v in zip(frame["_seq"].tolist(), frame["value"].tolist()):
+                state.n += 1
+                state.seen.append(state.n)
+                out.append(Emit(seq, {"sensor": str(v), "n": state.n, "history": state.seen}))
+            return out[::-1]
+    else:
+        @state_computation("tally", state=_Tally)
+        def tally(v, state):
+            state.n += 1
+            state.seen.append(state.n)
+            if isinstance(v, int) and v < 0:
+                return [state.n]  # for the TCP sink only
+            state.summary["n"] = state.n
+            return [_Count(str(v), state.n, state.seen), state.summary]
+
+    branches = (source("s").key_by(lambda v: "k").to(tally),)
+    n = len(values)
+    kinds = ["quarantine" if i in quarantined else "msg" for i in range(n)]
+    df = pd.DataFrame({
+        "kind": kinds, "seq": np.arange(10, 10 + n, dtype=np.int64), "part": np.zeros(n, np.int32),
+        "branch": np.zeros(n, np.int32), "key": "k",
+        "msg": [None if k == "quarantine" else pickle.dumps({"value": v} if batch_form else v) for k, v in zip(kinds, values)],
+        "stream": "s", "receive_time": pd.Series(pd.date_range("2004-03-07", periods=n, freq="s"), dtype="datetime64[ns]"),
+        "connection": "c", "step": [("decode" if k == "quarantine" else None) for k in kinds],
+        "reason": [("bad" if k == "quarantine" else None) for k in kinds],
+        "payload": [(b"x" if k == "quarantine" else None) for k in kinds], "origin": None})
+    msgs = df[df["kind"] == "msg"].reset_index(drop=True)
+    bad = df[df["kind"] == "quarantine"].reset_index(drop=True)  # they pass the stateful step untouched
+    schema = pa.schema([("sensor", pa.string()), ("n", pa.int64()), ("history", pa.list_(pa.int64()))])
+    appended = DeltaSink("counts", schema=schema, accepts=lambda o: not isinstance(o, int), metadata=("seq",))
+    schema = pa.schema([*schema, ("seq", pa.int64())])
+    upserted = DeltaSink("latest", mode="upsert", keys=("sensor",), schema=schema, accepts=lambda o: not isinstance(o, int))
+    sent = TCPSink("numbers", encoder=lambda o: repr(o).encode(), accepts=lambda o: isinstance(o, int), optional=True)
+    order = [pa.field(ORDER[0], pa.int64()), pa.field(ORDER[1], pa.int32())]
+    schemas = {0: schema, 1: pa.schema([*upserted.schema, *order]), 2: pa.schema([("bytes", pa.binary()), *order])}
+    fn = AllSinkRowsFn([appended, upserted, sent], [0, 1, 2], schemas, ENVELOPE, chunk_rows, combine=combine)
+
+    envelopes = pd.concat([_run_key(msgs, {}, branches, False), bad], ignore_index=True) if len(msgs) else bad
+    envelopes = envelopes.assign(receive_time=envelopes["receive_time"].astype("datetime64[ns]"))
+    table = pa.Table.from_pandas(envelopes[ENVELOPE.names], schema=ENVELOPE, preserve_index=False)
+    want = pa.Table.from_batches(list(fn(iter(table.to_batches()))), schema=fn.schema)
+
+    frames = [_run_key(msgs, {}, branches, False, fold=fn)] if len(msgs) else []
+    if len(bad):
+        frames.append(_passed_on(_rows(fn), bad, 0, len(bad)).frame(None, bad))
+    blobs = pa.table({"rows": [b for f in frames for b in f["rows"].tolist()]}, schema=PACKED_ROWS)
+    got = pa.Table.from_batches(list(unpack_rows(iter(blobs.to_batches()))), schema=fn.schema)
+
+    def of(t, i):
+        return t.filter(pa.compute.equal(t.column(SINK_INDEX), i))
+
+    for i in (0, 1, 2):
+        names = [f.name for f in schemas[i]]
+        rows = {w: pa.table({c: of(t, i).column(sink_column(i, c)) for c in names}).to_pylist() for w, t in
+                (("want", want), ("got", got))}
+        assert sum(of(got, i).column(OUTPUTS).to_pylist()) == sum(of(want, i).column(OUTPUTS).to_pylist())
+        if i == 1:
+            assert _last_by_order(rows["got"], upserted.keys) == _last_by_order(rows["want"], upserted.keys)
+        elif i == 2:
+            key = lambda r: (r[ORDER[0]], r[ORDER[1]])  # noqa: E731 - the driver sends in this order
+            assert sorted(rows["got"], key=key) == sorted(rows["want"], key=key)
+        else:
+            assert _as_set(rows["got"]) == _as_set(rows["want"])
+    q = [f"q__{c}" for c in ("seq", "step", "reason", "payload", "stream", "connection", "receive_time")]
+    assert _as_set(of(got, QUARANTINE_INDEX).select(q).to_pylist()) == _as_set(of(want, QUARANTINE_INDEX).select(q).to_pylist())
+    assert len(of(got, QUARANTINE_INDEX)) == len(bad)
