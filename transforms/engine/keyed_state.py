@@ -257,7 +257,7 @@ class _Rows:
     __slots__ = ("kind", "seq", "part", "branch", "msg", "step", "reason", "src")
 
     def __init__(self) -> None:
-        for name in _Rows.__slots__:
+        for name in self.__slots__:
             setattr(self, name, [])
 
     def add(self, kind, seq, part, branch, msg, step, reason, src) -> None:
@@ -316,53 +316,65 @@ _RECEIVE_TIME = ENVELOPE.field("receive_time").type
 _FOLDED_ROWS_HELD = 262_144  # outputs a bucket's folded rows hold before they leave (between keys)
 
 
-class _FoldedRows(_Rows):
-    """The sinks' pass folded into the keyed step (stateful_step's `fold`): each output is snapshot for
-    the sinks when it is returned (sink_rows.Snapshots), and `frame` gives the sinks' rows of the
-    outputs and quarantine envelopes held, as one row of Arrow IPC (PACKED_ROWS)."""
+class _FoldedRows:
+    """The sinks' pass folded into the keyed step (stateful_step's `fold`), in _Rows' place: each output
+    is snapshot for the sinks when it is returned (sink_rows.Snapshots), and `frame` gives the sinks'
+    rows of the outputs and quarantine envelopes held, as Arrow IPC (PACKED_ROWS)."""
 
-    __slots__ = ("fold", "snapshots")
+    __slots__ = ("fold", "snapshots", "seq", "part", "src", "quarantined")
 
     def __init__(self, fold: AllSinkRowsFn) -> None:
-        super().__init__()
         self.fold = fold
         self.snapshots = Snapshots(fold.sinks)
+        self.seq, self.part, self.src = [], [], []  # each output's
+        self.quarantined: list[tuple] = []  # (seq, part, step, reason, src)
 
     def output(self, seq, part, branch, obj, src) -> None:
         self.snapshots.add(obj)
-        self.add("out", seq, part, branch, None, None, None, src)
+        self.seq.append(seq)
+        self.part.append(part)
+        self.src.append(src)
+
+    def add(self, kind, seq, part, branch, msg, step, reason, src) -> None:
+        if kind != "quarantine":  # outputs come through `output`
+            raise ValueError(f"folded rows take outputs through output(), not add({kind!r})")
+        self.quarantined.append((seq, part, step, reason, src))
+
+    def __len__(self) -> int:
+        return len(self.seq) + len(self.quarantined)
 
     def frame(self, key: str | None, src: pd.DataFrame | None) -> pd.DataFrame:
-        n = len(self.kind)
-        if n == 0:
+        if not len(self):
             return _EMPTY_PACKED_ROWS.copy()
-        kinds = np.asarray(self.kind, dtype=object)
-        if src is not None:
-            idx = np.asarray(self.src, dtype=np.int64)
-            stream = pa.array(src["stream"].to_numpy(dtype=object)[idx], pa.string())
-            received = pa.array(src["receive_time"].to_numpy()[idx], from_pandas=True).cast(_RECEIVE_TIME)
-            connection = pa.array(src["connection"].to_numpy(dtype=object)[idx], pa.string())
-        else:
-            stream, received, connection = pa.nulls(n, pa.string()), pa.nulls(n, _RECEIVE_TIME), pa.nulls(n, pa.string())
-        rows = pa.table({"seq": pa.array(self.seq, pa.int64()), "part": pa.array(self.part, pa.int32()),
-                         "stream": stream, "receive_time": received, "connection": connection})
-        is_out = kinds == "out"
-        outputs = rows.filter(pa.array(is_out)) if not is_out.all() else rows
-        quarantined = np.flatnonzero(~is_out)
-        q = rows.take(pa.array(quarantined, pa.int64()))
-        payloads = [None if src is None else src["payload"].iat[self.src[i]] for i in quarantined.tolist()]
-        q = q.append_column("step", pa.array([self.step[i] for i in quarantined.tolist()], pa.string())).append_column(
-            "reason", pa.array([self.reason[i] for i in quarantined.tolist()], pa.string())).append_column(
-            "payload", pa.array(payloads, pa.binary()))
+        outputs = pa.table({"seq": pa.array(self.seq, pa.int64()), "part": pa.array(self.part, pa.int32()),
+                            **_landing_columns(src, self.src)})
+        q = list(zip(*self.quarantined)) or [[], [], [], [], []]
+        quarantined = pa.table({"seq": pa.array(q[0], pa.int64()), **_landing_columns(src, q[4]),
+                                "step": pa.array(q[2], pa.string()), "reason": pa.array(q[3], pa.string()),
+                                "payload": pa.array([None if src is None else src["payload"].iat[i] for i in q[4]],
+                                                    pa.binary())})
         chunks = [self.snapshots.done(outputs)] if len(self.snapshots) else []
-        return pd.DataFrame({"rows": self.fold.packed_rows(q, chunks)}, columns=PACKED_ROWS.names, dtype=object)
+        return pd.DataFrame({"rows": self.fold.packed_rows(quarantined, chunks)}, columns=PACKED_ROWS.names, dtype=object)
 
 
-def _rows(fold: AllSinkRowsFn | None) -> _Rows:
+def _landing_columns(src: pd.DataFrame | None, rows) -> dict[str, pa.Array]:
+    """The landing metadata (stream, receive_time, connection) of input rows `rows` of `src` (None: a
+    timer's outputs, which answer no input)."""
+    n = len(rows)
+    if src is None:
+        return {"stream": pa.nulls(n, pa.string()), "receive_time": pa.nulls(n, _RECEIVE_TIME),
+                "connection": pa.nulls(n, pa.string())}
+    idx = np.asarray(rows, dtype=np.int64)
+    return {"stream": pa.array(src["stream"].to_numpy(dtype=object)[idx], pa.string()),
+            "receive_time": pa.array(src["receive_time"].to_numpy()[idx], from_pandas=True).cast(_RECEIVE_TIME),
+            "connection": pa.array(src["connection"].to_numpy(dtype=object)[idx], pa.string())}
+
+
+def _rows(fold: AllSinkRowsFn | None) -> _Rows | _FoldedRows:
     return _Rows() if fold is None else _FoldedRows(fold)
 
 
-def _passed_on(out: _Rows, df: pd.DataFrame, lo: int, hi: int) -> _Rows:
+def _passed_on(out: _Rows | _FoldedRows, df: pd.DataFrame, lo: int, hi: int) -> _Rows | _FoldedRows:
     """Quarantine envelopes lo..hi of `df` (they pass the stateful step untouched) added to `out`."""
     for i in range(lo, hi):
         out.add("quarantine", int(df["seq"].iat[i]), int(df["part"].iat[i]), int(df["branch"].iat[i]), None,
