@@ -321,13 +321,13 @@ class _FoldedRows:
     is snapshot for the sinks when it is returned (sink_rows.Snapshots), and `frame` gives the sinks'
     rows of the outputs and quarantine envelopes held, as Arrow IPC (PACKED_ROWS)."""
 
-    __slots__ = ("fold", "snapshots", "seq", "part", "src", "quarantined")
+    __slots__ = ("fold", "snapshots", "seq", "part", "src", "q_seq", "q_step", "q_reason", "q_src")
 
     def __init__(self, fold: AllSinkRowsFn) -> None:
         self.fold = fold
         self.snapshots = Snapshots(fold.sinks)
         self.seq, self.part, self.src = [], [], []  # each output's
-        self.quarantined: list[tuple] = []  # (seq, part, step, reason, src)
+        self.q_seq, self.q_step, self.q_reason, self.q_src = [], [], [], []  # each quarantine row's
 
     def output(self, seq, part, branch, obj, src) -> None:
         self.snapshots.add(obj)
@@ -338,20 +338,22 @@ class _FoldedRows:
     def add(self, kind, seq, part, branch, msg, step, reason, src) -> None:
         if kind != "quarantine":  # outputs come through `output`
             raise ValueError(f"folded rows take outputs through output(), not add({kind!r})")
-        self.quarantined.append((seq, part, step, reason, src))
+        self.q_seq.append(seq)
+        self.q_step.append(step)
+        self.q_reason.append(reason)
+        self.q_src.append(src)
 
     def __len__(self) -> int:
-        return len(self.seq) + len(self.quarantined)
+        return len(self.seq) + len(self.q_seq)
 
     def frame(self, key: str | None, src: pd.DataFrame | None) -> pd.DataFrame:
         if not len(self):
             return _EMPTY_PACKED_ROWS.copy()
         outputs = pa.table({"seq": pa.array(self.seq, pa.int64()), "part": pa.array(self.part, pa.int32()),
                             **_landing_columns(src, self.src)})
-        q = list(zip(*self.quarantined)) or [[], [], [], [], []]
-        quarantined = pa.table({"seq": pa.array(q[0], pa.int64()), **_landing_columns(src, q[4]),
-                                "step": pa.array(q[2], pa.string()), "reason": pa.array(q[3], pa.string()),
-                                "payload": pa.array([None if src is None else src["payload"].iat[i] for i in q[4]],
+        quarantined = pa.table({"seq": pa.array(self.q_seq, pa.int64()), **_landing_columns(src, self.q_src),
+                                "step": pa.array(self.q_step, pa.string()), "reason": pa.array(self.q_reason, pa.string()),
+                                "payload": pa.array([None if src is None else src["payload"].iat[i] for i in self.q_src],
                                                     pa.binary())})
         chunks = [self.snapshots.done(outputs)] if len(self.snapshots) else []
         return pd.DataFrame({"rows": self.fold.packed_rows(quarantined, chunks)}, columns=PACKED_ROWS.names, dtype=object)

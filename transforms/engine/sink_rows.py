@@ -112,7 +112,7 @@ class Snapshots:
             if sink.wants(out):
                 self.wanted[k].append(n)
         for k, sink in self.drivers:
-            if k in self.wanted and (not self.wanted[k] or self.wanted[k][-1] != n):
+            if k in self.wanted and self.wanted[k][-1:] != [n]:  # the sink does not take this output
                 continue
             if isinstance(sink, TCPSink):
                 self.encoded[k].append(encode_all(sink, [out])[0])

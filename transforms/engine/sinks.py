@@ -136,8 +136,10 @@ class BatchWriter:
         writers = [w for w in self.sinks if w.active]
         if not self.plan.keyed or any(isinstance(w, DeltaSinkWriter) and w.sink.schema is None for w in writers):
             return None
-        return AllSinkRowsFn([w.sink for w in writers], [w.index for w in writers],
-                             {w.index: w.row_schema(None) for w in writers}, ENVELOPE,
+        return self._sinks_pass(writers, {w.index: w.row_schema(None) for w in writers})
+
+    def _sinks_pass(self, writers: list[SinkWriter], schemas: dict[int, pa.Schema]) -> AllSinkRowsFn:
+        return AllSinkRowsFn([w.sink for w in writers], [w.index for w in writers], schemas, batch_df_schema(self.plan),
                              combine=not self.per_row_latencies)  # combined rows keep only their earliest latency
 
     def __call__(self, batch_df, batch_id: int) -> None:
@@ -210,9 +212,7 @@ class BatchWriter:
         from pyspark.sql.pandas.types import from_arrow_schema
 
         source, shapes = batch_df, {}
-        inferred = [w for w in self.sinks if isinstance(w, DeltaSinkWriter) and w.sink.schema is None]
-        if self.fold is not None:  # the keyed step made the rows (stateful_step's fold): unpacked, no Python pass
-            inferred = []
+        inferred = [w for w in self.sinks if isinstance(w, DeltaSinkWriter) and w.sink.schema is None]  # none if folded
         if inferred:  # the inferred columns first: a pass of their own over the kept batch
             source = batch_df.persist(StorageLevel.MEMORY_AND_DISK)
             shapes = infer_schemas(source, [w.index for w in inferred], [w.sink for w in inferred])
@@ -220,11 +220,10 @@ class BatchWriter:
         writers = [w for w in self.sinks if w.active and (not isinstance(w, DeltaSinkWriter) or w.sink.schema is not None
                                                           or shapes.get(w.index) is not None)]
         schemas = {w.index: w.row_schema(shapes.get(w.index)) for w in writers}
-        if self.fold is not None:
+        if self.fold is not None:  # the keyed step made the rows (stateful_step's fold): unpacked, no Python pass
             rows = source.mapInArrow(unpack_rows, from_arrow_schema(self.fold.schema))
         else:
-            fn = AllSinkRowsFn([w.sink for w in writers], [w.index for w in writers], schemas, batch_df_schema(self.plan),
-                               combine=not self.per_row_latencies)  # combined rows keep only their earliest latency
+            fn = self._sinks_pass(writers, schemas)
             rows = source.mapInArrow(fn, from_arrow_schema(fn.schema))
         rows = rows.persist(StorageLevel.MEMORY_AND_DISK)
         try:
