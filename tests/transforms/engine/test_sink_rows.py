@@ -224,13 +224,14 @@ def test_the_folded_keyed_step_gives_each_sink_the_rows_of_the_pass(values, batc
         "payload": [(b"x" if k == "quarantine" else None) for k in kinds], "origin": None})
     msgs = df[df["kind"] == "msg"].reset_index(drop=True)
     bad = df[df["kind"] == "quarantine"].reset_index(drop=True)  # they pass the stateful step untouched
-    schema = pa.schema([("sensor", pa.string()), ("n", pa.int64()), ("history", pa.list_(pa.int64()))])
-    appended = DeltaSink("counts", schema=schema, accepts=lambda o: not isinstance(o, int), metadata=("seq",))
-    schema = pa.schema([*schema, ("seq", pa.int64())])
-    upserted = DeltaSink("latest", mode="upsert", keys=("sensor",), schema=schema, accepts=lambda o: not isinstance(o, int))
+    columns = [("sensor", pa.string()), ("n", pa.int64()), ("history", pa.list_(pa.int64()))]
+    appended = DeltaSink("counts", schema=pa.schema([*columns, ("seq", pa.int64())]), metadata=("seq",),
+                         accepts=lambda o: not isinstance(o, int))
+    upserted = DeltaSink("latest", mode="upsert", keys=("sensor",), schema=pa.schema(columns),
+                         accepts=lambda o: not isinstance(o, int))
     sent = TCPSink("numbers", encoder=lambda o: repr(o).encode(), accepts=lambda o: isinstance(o, int), optional=True)
     order = [pa.field(ORDER[0], pa.int64()), pa.field(ORDER[1], pa.int32())]
-    schemas = {0: schema, 1: pa.schema([*upserted.schema, *order]), 2: pa.schema([("bytes", pa.binary()), *order])}
+    schemas = {0: appended.schema, 1: pa.schema([*upserted.schema, *order]), 2: pa.schema([("bytes", pa.binary()), *order])}
     fn = AllSinkRowsFn([appended, upserted, sent], [0, 1, 2], schemas, ENVELOPE, chunk_rows, combine=combine)
 
     envelopes = pd.concat([_run_key(msgs, {}, branches, False), bad], ignore_index=True) if len(msgs) else bad
