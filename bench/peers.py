@@ -20,6 +20,10 @@ same input, each implementation runs as a whole process, cold, timed from spawn 
             stateful_flat_map -> file sinks (see bench/peers_bytewax.py);
 - pyspark:  logs only, `python -m bench.peers_pyspark in out`: the hand-written PySpark job (read.text,
             regexp_extract, groupBy; session start included) that issue L measures Eventide's run against;
+- required_shape: logs only, `python -m bench.peers_required_shape landed-home work out`: what Eventide
+            must do by design (Structured Streaming over the landing with checkpoints, keyed state in
+            transformWithStateInPandas, Delta tables through delta-spark, the summary counted by Spark
+            reading bronze as Delta), hand-written the plain way, with delta-spark's defaults;
 - loop:     `python -m bench.peers --loop <workload> in out`: one process reads the same file and makes
             the same decisions with the project's loop functions (parse_log_line, market.run_loop,
             split_words), writing the same output files;
@@ -41,9 +45,9 @@ market, the same rejected order ids in the same order and the same final (bid, o
 as the loop; words, the same sorted multiset of (word, count) updates and the same totals as the loop.
 Every repeat of every implementation is checked.
 
-Results (flat keys, per workload w, implementation i in bytewax/loop/eventide, mode cold/steady):
-w_i_mode_median_s / _min_s / _max_s, w_i_mode_<unit>_per_s (on the median), and the rate ratios
-w_eventide_vs_bytewax_mode_ratio and w_eventide_vs_loop_mode_ratio (> 1: Eventide faster), w_agree, agree.
+Results (flat keys, per workload w, implementation i in bytewax/loop/pyspark/required_shape/eventide, mode
+cold/steady): w_i_mode_median_s / _min_s / _max_s, w_i_mode_<unit>_per_s (on the median), and the rate
+ratios w_eventide_vs_<i>_mode_ratio (> 1: Eventide faster), w_agree, agree.
 
     python -m bench.peers --quick                    # logs 100k/5 days, market 50k/300, words 5k, 1 repeat
     python -m bench.peers --only logs,market --repeats 3
@@ -85,8 +89,9 @@ from bench.processes import (
 FLOWS_FILE = Path(__file__).resolve().with_name("peers_bytewax.py")
 WORDS_FILE = REPO / "data" / "wallaroo" / "word_count" / "count_this.txt"
 WORKLOADS = ("logs", "market", "words")
-IMPLS = ("bytewax", "loop", "pyspark", "eventide")
-COLD_IMPLS = {"logs": ("loop", "bytewax", "pyspark", "eventide")}  # the loop first: it is the reference
+IMPLS = ("bytewax", "loop", "pyspark", "required_shape", "eventide")
+# The loop first: it is the reference.
+COLD_IMPLS = {"logs": ("loop", "bytewax", "pyspark", "required_shape", "eventide")}
 STEADY_IMPLS = ("loop", "bytewax", "eventide")
 APPS = {"logs": "examples.logs:app", "market": "examples.market:app", "words": "examples.words:app"}
 UNITS = {"logs": "lines", "market": "msgs", "words": "lines"}
@@ -345,8 +350,11 @@ def run_cold(w: Workload, impl: str, scratch: Path) -> tuple[float, object]:
         out = scratch / f"{w.name}-{impl}-out"
         shutil.rmtree(out, ignore_errors=True)
         inp, dst = str(w.input), str(out)
+        work = scratch / f"{w.name}-{impl}-work"
+        shutil.rmtree(work, ignore_errors=True)
         cmd = {"bytewax": ["-m", "bytewax.run", f"{FLOWS_FILE}:{w.name}_flow({inp!r}, {dst!r})"],
                "pyspark": ["-m", "bench.peers_pyspark", inp, dst],
+               "required_shape": ["-m", "bench.peers_required_shape", str(w.home), str(work), dst],
                "loop": ["-m", "bench.peers", "--loop", w.name, inp, dst]}[impl]
         seconds = timed_process([sys.executable, *cmd], child_env(), log)
         return seconds, read_file_outputs(w.name, out)
@@ -404,7 +412,7 @@ def _record(out: dict, w: Workload, mode: str, times: dict[str, list[float]]) ->
         medians[impl] = statistics.median(ts)
         out[f"{w.name}_{impl}_{mode}_{unit}_per_s"] = round(w.units / medians[impl])
     if "eventide" in medians:
-        for other in ("bytewax", "loop", "pyspark"):
+        for other in ("bytewax", "loop", "pyspark", "required_shape"):
             if other in medians:  # rate ratio: > 1 means Eventide is faster
                 out[f"{w.name}_eventide_vs_{other}_{mode}_ratio"] = round(medians[other] / medians["eventide"], 4)
 
