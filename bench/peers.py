@@ -51,6 +51,7 @@ ratios w_eventide_vs_<i>_mode_ratio (> 1: Eventide faster), w_agree, agree.
 
     python -m bench.peers --quick                    # logs 100k/5 days, market 50k/300, words 5k, 1 repeat
     python -m bench.peers --only logs,market --repeats 3
+    python -m bench.peers --only logs --logs-lines 10000000 --without required_shape,pyspark
     python -m bench.peers --logs-lines 1000000 --market-messages 200000 --words-lines 20000 --steady none
     python -m bench.run --only peers [--quick]       # the same inside `make bench`
 
@@ -418,8 +419,10 @@ def _record(out: dict, w: Workload, mode: str, times: dict[str, list[float]]) ->
 
 
 def bench_peers(results: dict, only: Iterable[str] = WORKLOADS, repeats: int = REPEATS, sizes: dict | None = None,
-                steady: Iterable[str] = DEFAULT_STEADY, keep: bool = False) -> dict:
-    """Fill `results` (flat keys) for each workload of `only`; raises if any implementation disagrees."""
+                steady: Iterable[str] = DEFAULT_STEADY, keep: bool = False, without: Iterable[str] = ()) -> dict:
+    """Fill `results` (flat keys) for each workload of `only`, leaving out the cold implementations of
+    `without` (never eventide, nor the loop: the reference); raises if any implementation disagrees."""
+    without = set(without) - {"eventide", "loop"}
     from importlib.metadata import version
 
     sizes = {**FULL, **(sizes or {})}
@@ -448,7 +451,7 @@ def bench_peers(results: dict, only: Iterable[str] = WORKLOADS, repeats: int = R
             times: dict[str, list[float]] = {impl: [] for impl in IMPLS}
             want = None
             for r in range(repeats):
-                for impl in COLD_IMPLS.get(name, STEADY_IMPLS):
+                for impl in (i for i in COLD_IMPLS.get(name, STEADY_IMPLS) if i not in without):
                     seconds, got = run_cold(w, impl, tmp / "scratch")
                     if want is None:
                         want = _reference(w, got)
@@ -540,6 +543,8 @@ def main(argv: list[str] | None = None) -> int:
                         f"(default {','.join(DEFAULT_STEADY)}; quick: all)")
     for key in FULL:
         parser.add_argument(f"--{key.replace('_', '-')}", type=_ints, default=None)
+    parser.add_argument("--without", default="", help="cold implementations to leave out, comma-separated "
+                        "(e.g. required_shape, the slowest at 10M lines)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder (inputs, homes, logs)")
     parser.add_argument("--loop", nargs=3, metavar=("WORKLOAD", "INPUT", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -553,7 +558,8 @@ def main(argv: list[str] | None = None) -> int:
     steady_arg = args.steady or ("all" if args.quick else ",".join(DEFAULT_STEADY))
     steady = WORKLOADS if steady_arg == "all" else () if steady_arg == "none" else tuple(steady_arg.split(","))
     results: dict = {}
-    bench_peers(results, args.only.split(","), repeats, sizes, steady, keep=args.keep)
+    bench_peers(results, args.only.split(","), repeats, sizes, steady, keep=args.keep,
+                without=[i for i in args.without.split(",") if i])
     print(json.dumps(results, indent=2, default=str))
     return 0
 
