@@ -62,6 +62,15 @@ class Receiver:
             assert self.cond.wait_for(lambda: self.connections and self.open == 0, timeout), "no closed connection"
             return b"".join(self.chunks)
 
+    def bytes_by_connection(self, connections: int, timeout: float = 30.0) -> bytes:
+        """Every byte once at least `connections` were accepted and all are closed, connection after
+        connection in the order they were accepted: a closed connection whose bytes are still being read
+        does not interleave with the next one, and a connection not yet accepted is waited for."""
+        with self.cond:
+            assert self.cond.wait_for(lambda: self.connections >= connections and self.open == 0, timeout), (
+                f"{self.connections} connection(s) accepted, {self.open} open; expected {connections}, all closed")
+            return b"".join(b"".join(chunks) for chunks in self.by_connection)
+
     def payloads(self, timeout: float = 10.0) -> list[bytes]:
         """The frames received so far, once every connection is closed (the engine closes after a run)."""
         with self.cond:
