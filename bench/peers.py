@@ -422,9 +422,9 @@ def bench_peers(results: dict, only: Iterable[str] = WORKLOADS, repeats: int = R
                 steady: Iterable[str] = DEFAULT_STEADY, keep: bool = False, without: Iterable[str] = ()) -> dict:
     """Fill `results` (flat keys) for each workload of `only`, leaving out the cold implementations of
     `without` (never eventide, nor the loop: the reference); raises if any implementation disagrees."""
-    without = set(without) - {"eventide", "loop"}
     from importlib.metadata import version
 
+    without = set(without) - {"eventide", "loop"}
     sizes = {**FULL, **(sizes or {})}
     only = [w for w in WORKLOADS if w in set(only)]
     steady = [w for w in only if w in set(steady)]

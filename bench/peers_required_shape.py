@@ -14,7 +14,8 @@ lower bound (measured, its plain forms cost more than Eventide's tuned ones, ben
         [--tuned]          # with the Delta settings Eventide runs with
         [--without-app]    # bronze and the summary only: no keyed state (a part, for where the time goes)
 
-Imports only pyspark, pandas and the standard library (the jars come from $EVENTIDE_JARS or .venv/jars).
+Imports only pyspark, pandas and the standard library (the jars come from $EVENTIDE_JARS or .venv/jars);
+`--tuned` takes Eventide's Delta settings from `transforms.lake.session.delta_spark_conf`.
 """
 
 from __future__ import annotations
@@ -30,17 +31,6 @@ import threading  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 MARKER = "END_OF_DAY"
-
-
-# `--tuned`: the Delta settings Eventide runs with (transforms/lake/session.py), for the same shape with
-# delta-spark's small-machine costs taken out (the log's state in 2 tasks, not 50; no checksum per commit).
-TUNED = {
-    "spark.databricks.delta.snapshotPartitions": "2",
-    "spark.databricks.delta.autoCompact.enabled": "false",
-    "spark.databricks.delta.writeChecksumFile.enabled": "false",
-    "spark.databricks.delta.properties.defaults.enableDeletionVectors": "false",
-    "spark.sql.sources.parallelPartitionDiscovery.parallelism": "8",
-}
 
 
 def _session(scratch: Path, tuned: bool):
@@ -64,8 +54,11 @@ def _session(scratch: Path, tuned: bool):
                 "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
     )
-    for key, value in (TUNED if tuned else {}).items():
-        builder = builder.config(key, value)
+    if tuned:  # Eventide's Delta settings (the log's state in 2 tasks, not 50; no checksum a commit; ...)
+        from transforms.lake.session import delta_spark_conf
+
+        for key, value in delta_spark_conf().items():
+            builder = builder.config(key, value)
     return builder.getOrCreate()
 
 
@@ -136,7 +129,6 @@ def _windows_processor():
 def run(landed: Path, scratch: Path, out: Path, with_app: bool = True, tuned: bool = False) -> dict[str, float]:
     """Bronze and (`with_app`) the app's windows side by side, then the summary; the seconds of each
     phase since the process started."""
-
     phases = {"imported": time.time() - START}
     spark = _session(scratch, tuned)
     phases["session"] = time.time() - START
