@@ -56,16 +56,10 @@ class Receiver:
         with self.cond:
             return b"".join(self.chunks)
 
-    def all_bytes(self, timeout: float = 30.0) -> bytes:
-        """Every byte, once every connection is closed (a run's TCP sink closes when the run ends)."""
-        with self.cond:
-            assert self.cond.wait_for(lambda: self.connections and self.open == 0, timeout), "no closed connection"
-            return b"".join(self.chunks)
-
-    def bytes_by_connection(self, connections: int, timeout: float = 30.0) -> bytes:
-        """Every byte once at least `connections` were accepted and all are closed, connection after
-        connection in the order they were accepted: a closed connection whose bytes are still being read
-        does not interleave with the next one, and a connection not yet accepted is waited for."""
+    def all_bytes(self, connections: int = 1, timeout: float = 30.0) -> bytes:
+        """Every byte once at least `connections` were accepted and all are closed (a run's TCP sink closes
+        when the run ends), connection after connection in the order they were accepted: a closed
+        connection whose bytes are still being read does not interleave with the next one."""
         with self.cond:
             assert self.cond.wait_for(lambda: self.connections >= connections and self.open == 0, timeout), (
                 f"{self.connections} connection(s) accepted, {self.open} open; expected {connections}, all closed")

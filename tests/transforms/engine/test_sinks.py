@@ -231,7 +231,7 @@ def test_a_tcp_batch_cut_by_a_kill_of_its_sender_is_in_doubt_resent_or_skipped_a
     again.close()
     writer.close()
     # The killed sender's connection may still be read while the restarted one sends: by connection.
-    received = receiver.bytes_by_connection(2)
+    received = receiver.all_bytes(connections=2)
     tail = (BIG_BATCH if policy == "resend" else b"") + b"c\n"
     assert received.startswith(b"a\n") and received.endswith(tail)
     part = received[2:len(received) - len(tail)]
