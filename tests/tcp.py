@@ -66,10 +66,11 @@ class Receiver:
             return b"".join(b"".join(chunks) for chunks in self.by_connection)
 
     def payloads(self, timeout: float = 10.0) -> list[bytes]:
-        """The frames received so far, once every connection is closed (the engine closes after a run)."""
+        """The frames received so far, connection after connection, once every connection is closed (the
+        engine closes after a run): two connections' chunks in arrival order could cut each other's frames."""
         with self.cond:
             assert self.cond.wait_for(lambda: self.open == 0, timeout), "the TCP sink left its connection open"
-            return DEFAULT_FRAMING.split(b"".join(self.chunks))
+            return DEFAULT_FRAMING.split(b"".join(b"".join(chunks) for chunks in self.by_connection))
 
     def wait_for_frames(self, n: int, timeout: float) -> list[tuple[float, bytes]]:
         """Wait until `n` frames arrived (connections may stay open); (arrival time, frame) of each."""
