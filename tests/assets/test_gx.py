@@ -5,7 +5,7 @@ import sys
 import textwrap
 
 
-def _python(code: str) -> str:
+def _python(code: str) -> list[str]:
     done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     return done.stdout.split()
