@@ -62,6 +62,9 @@ class Settings:
     # An embedded session's Python workers start without Spark's zips and jar on their path
     # (transforms/python_daemon.py): re-reading them cost every Python task 0.10 s.
     spark_lean_worker_path: bool = True
+    # With the lean path, the driver-side Python that each keyed query's first batch starts is forked from a
+    # warm zygote (transforms/python_zygote.py) instead of started cold: its imports were most of its ~1 s.
+    spark_python_zygote: bool = True
     # The driver JVM maps the classes an earlier start recorded (transforms/jvm_cache.py, ~/.cache/eventide).
     jvm_class_cache: bool = True
     # The driver JVM compiles with C2 only what is hot (transforms/spark.py, JIT_HOT_ONLY): a short-lived run's

@@ -10,10 +10,12 @@ import threading
 from pathlib import Path
 
 from transforms.lake.session import configure
+from transforms.python_zygote import ZYGOTE_ENV, Zygote, new_address
 from transforms.settings import Settings
 
 _lock = threading.Lock()
 _session = None
+_zygote: Zygote | None = None
 
 JAVA_17 = "/usr/lib/jvm/java-17-openjdk-amd64"
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
@@ -36,7 +38,7 @@ def _prepare_environment() -> None:
 
 def get_spark(settings: Settings):
     """The process's Spark session, created on first use (about 5 s)."""
-    global _session
+    global _session, _zygote
     with _lock:
         if _session is not None:
             return _session
@@ -76,11 +78,20 @@ def get_spark(settings: Settings):
             builder = builder.config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.host", "127.0.0.1")
             if lean:
                 builder = builder.config("spark.python.daemon.module", "transforms.python_daemon")
+        launcher = _lean_launcher() if lean else None
+        # The JVM, and so the launcher it starts, inherits the zygote's address (transforms/python_zygote.py).
+        address = new_address() if launcher and settings.spark_python_zygote else None
+        if address:
+            os.environ[ZYGOTE_ENV] = address
+        else:
+            os.environ.pop(ZYGOTE_ENV, None)  # not another process's
         _session = _start_with_log(builder, settings)
         _session.sparkContext.setLogLevel("ERROR")
-        if lean and (launcher := _lean_launcher()):
+        if launcher:
             # Read when a query wraps its functions: the Python processes Spark starts for them.
             _session.sparkContext.pythonExec = launcher
+        if address:  # started after the JVM: its imports overlap the session's first work, not its start
+            _zygote = Zygote(address, str(settings.home / "logs" / "spark.log"))
         if not local:
             ship_user_code(_session, settings)
         return _session
@@ -253,8 +264,17 @@ def _start_with_log(builder, settings: Settings):
 
 
 def stop_spark() -> None:
-    global _session
+    global _session, _zygote
     with _lock:
         if _session is not None:
             _session.stop()
             _session = None
+        if _zygote is not None:
+            _zygote.stop()
+            _zygote = None
+            os.environ.pop(ZYGOTE_ENV, None)
+
+
+def python_zygote() -> Zygote | None:
+    """The session's zygote of driver-side Python processes, if it started one."""
+    return _zygote
