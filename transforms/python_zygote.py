@@ -84,6 +84,8 @@ def serve(address: str) -> None:
     from transforms.python_daemon import use_lean_path
 
     use_lean_path(sys.path)
+    with open(os.path.join(os.path.dirname(address), "pid"), "w") as f:  # for remove_stale_folders
+        f.write(str(os.getpid()))
     for name in PRELOADED:
         importlib.import_module(name)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the children; their codes go by socket
@@ -104,8 +106,9 @@ def serve(address: str) -> None:
                     os._exit(_run_child(conn))
                 conn.close()
     finally:
-        for remove, name in ((os.unlink, address), (os.rmdir, os.path.dirname(address))):
-            try:  # the socket, and its folder if nothing else is in it
+        folder = os.path.dirname(address)
+        for remove, name in ((os.unlink, address), (os.unlink, os.path.join(folder, "pid")), (os.rmdir, folder)):
+            try:  # the socket, its pid file, and its folder if nothing else is in it
                 remove(name)
             except OSError:
                 pass
@@ -196,16 +199,53 @@ class Zygote:
         shutil.rmtree(os.path.dirname(self.address), ignore_errors=True)
 
 
+FOLDER_PREFIX = "eventide-zygote-"
+
+
 def new_address() -> str | None:
     """A socket address in a new private folder, or None where the temporary folder's path is too long
-    for a Unix socket (108 bytes)."""
+    for a Unix socket (108 bytes). Folders of zygotes killed with their starter (kill -9 of a process group
+    leaves no one to clean up) go first."""
     import tempfile
 
-    address = os.path.join(tempfile.mkdtemp(prefix="eventide-zygote-"), "socket")
+    remove_stale_folders(tempfile.gettempdir())
+    address = os.path.join(tempfile.mkdtemp(prefix=FOLDER_PREFIX), "socket")
     if len(address.encode()) < 100:
         return address
     os.rmdir(os.path.dirname(address))
     return None
+
+
+def remove_stale_folders(parent: str, grace_s: float = 300.0) -> list[str]:
+    """Remove this user's zygote folders under `parent` whose zygote is gone: its pid file names a process
+    that is not a zygote any more, or (no pid file) the folder is older than `grace_s`. Returns them."""
+    import shutil
+    import time
+
+    removed = []
+    for entry in os.scandir(parent):
+        if not entry.name.startswith(FOLDER_PREFIX) or not entry.is_dir(follow_symlinks=False):
+            continue
+        try:
+            if entry.stat(follow_symlinks=False).st_uid != os.getuid():
+                continue
+            try:
+                with open(os.path.join(entry.path, "pid")) as f:
+                    pid = int(f.read())
+            except FileNotFoundError:
+                if time.time() - entry.stat(follow_symlinks=False).st_mtime < grace_s:
+                    continue  # a zygote still starting
+            else:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if b"transforms.python_zygote" in f.read():
+                        continue
+        except FileNotFoundError:  # no such process: fall through and remove
+            pass
+        except (OSError, ValueError):
+            continue
+        shutil.rmtree(entry.path, ignore_errors=True)
+        removed.append(entry.path)
+    return removed
 
 
 if __name__ == "__main__":  # python -m transforms.python_zygote ADDRESS (transforms/spark.py)

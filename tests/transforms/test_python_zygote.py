@@ -159,3 +159,29 @@ def test_a_keyed_querys_driver_side_python_is_a_fork_of_the_sessions_zygote(spar
     assert forks == 1  # one keyed query, one run: its schema step, forked
     rows = spark.read.format("delta").load(str(settings.table_path("counts"))).collect()
     assert [(r.sensor, r.n) for r in rows] == [("a", 2)]
+
+
+def test_the_folder_of_a_zygote_killed_with_its_starter_is_removed_by_the_next_one(zygote, tmp_path):
+    import tempfile
+
+    from transforms.python_zygote import remove_stale_folders
+
+    starter = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from transforms.python_zygote import Zygote, new_address; "
+         "z = Zygote(new_address()); print(z.process.pid, z.address, flush=True); time.sleep(600)"],
+        stdout=subprocess.PIPE, text=True, start_new_session=True)
+    pid, address = starter.stdout.readline().split()
+    _ready(address)
+    os.killpg(starter.pid, signal.SIGKILL)  # as the tests' services are stopped: the zygote too, no cleanup
+    starter.wait(30)
+    assert _gone(int(pid))
+    assert os.path.exists(address)  # left behind
+    starting = tempfile.mkdtemp(prefix="eventide-zygote-", dir=tmp_path)  # no pid file yet: a zygote starting
+    os.makedirs(tmp_path / "eventide-zygote-dead")
+    (tmp_path / "eventide-zygote-dead" / "pid").write_text(pid)
+
+    assert remove_stale_folders(str(tmp_path)) == [str(tmp_path / "eventide-zygote-dead")]
+    assert os.path.isdir(starting)
+    removed = remove_stale_folders(tempfile.gettempdir())
+    assert os.path.dirname(address) in removed
+    assert os.path.exists(zygote.address)  # a live one is kept
