@@ -113,13 +113,19 @@ def _ppid(proc: Path) -> int | None:
         return None
 
 
-def test_the_zygote_stops_with_its_starter_and_leaves_no_socket(tmp_path):
+def _zygote_of_a_child() -> tuple[subprocess.Popen, str, str]:
+    """A process (its own session) that has started a zygote and sleeps: it, its zygote's pid and address."""
     starter = subprocess.Popen(
         [sys.executable, "-c", "import sys, time; from transforms.python_zygote import Zygote, new_address; "
          "z = Zygote(new_address()); print(z.process.pid, z.address, flush=True); time.sleep(600)"],
         stdout=subprocess.PIPE, text=True, start_new_session=True)
     pid, address = starter.stdout.readline().split()
     _ready(address)
+    return starter, pid, address
+
+
+def test_the_zygote_stops_with_its_starter_and_leaves_no_socket(tmp_path):
+    starter, pid, address = _zygote_of_a_child()
     starter.kill()  # kill -9: no atexit, no stop(); the pipe to the zygote's stdin closes with it
     starter.wait(30)
     assert _gone(int(pid))
@@ -166,12 +172,7 @@ def test_the_folder_of_a_zygote_killed_with_its_starter_is_removed_by_the_next_o
 
     from transforms.python_zygote import remove_stale_folders
 
-    starter = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from transforms.python_zygote import Zygote, new_address; "
-         "z = Zygote(new_address()); print(z.process.pid, z.address, flush=True); time.sleep(600)"],
-        stdout=subprocess.PIPE, text=True, start_new_session=True)
-    pid, address = starter.stdout.readline().split()
-    _ready(address)
+    starter, pid, address = _zygote_of_a_child()
     os.killpg(starter.pid, signal.SIGKILL)  # as the tests' services are stopped: the zygote too, no cleanup
     starter.wait(30)
     assert _gone(int(pid))
