@@ -71,6 +71,7 @@ from examples.market_decoder import (
 )
 from examples.market_generate import read_symbols, unknown_symbols
 from transforms.ingestion.framing import DEFAULT_FRAMING
+from transforms.ports import free_port as _free_port
 
 REPO = Path(__file__).resolve().parents[1]
 PRIME_FILE = REPO / "data" / "wallaroo" / "market_spread" / "350-symbols_initial-nbbo-fixish.msg"
@@ -468,12 +469,6 @@ def count_check(expected: set[str], answers: list[tuple[float, str, float]], tab
 
 
 # -- Eventide: `eventide serve` in a subprocess -------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class ServeProcess:
     """`eventide serve` with default signal dispositions; its output lines collected by a thread."""
 

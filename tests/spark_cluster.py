@@ -29,6 +29,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from transforms.ports import free_port
 from transforms.processes import local_processes
 
 JAVA_17 = "/usr/lib/jvm/java-17-openjdk-amd64"
@@ -44,13 +45,6 @@ def pyspark_home() -> Path:
     import pyspark
 
     return Path(pyspark.__file__).resolve().parent
-
-
-def free_port() -> int:
-    """A port free on loopback right now (bind to port 0; the kernel picks)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def spark_env(tmp: Path, marker: str, extra: dict[str, str] | None = None) -> dict[str, str]:

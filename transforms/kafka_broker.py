@@ -35,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from transforms.ports import free_port
 from transforms.processes import live_children
 
 KAFKA_VERSION = "4.1.1"  # org.apache.kafka:kafka_2.13, jvm/kafka/pom.xml
@@ -92,13 +93,6 @@ def new_cluster_id() -> str:
         text = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         if not text.startswith("-"):
             return text
-
-
-def free_port() -> int:
-    """A port free on 127.0.0.1 right now (the kernel picks)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
 
 
 def check_port_free(port: int, what: str = "--port") -> None:

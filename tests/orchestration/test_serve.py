@@ -18,6 +18,7 @@ from tests.services import TEST_SPEED_SETTINGS, Service, clean_env
 from tests.tcp import Receiver
 from transforms import lake
 from transforms.ingestion.framing import DEFAULT_FRAMING
+from transforms.ports import free_port as _free_port
 from transforms.settings import Settings
 from transforms.spark import JIT_HOT_ONLY
 
@@ -29,12 +30,6 @@ UNKNOWN = ["Z001", "Z002", "Z003", "Z004", "Z005"]
 START_SECONDS = 240  # a cold JVM and every query's first batch, on a busy 2-core machine
 ANSWER_SECONDS = 2.0  # issue 9's acceptance: orders in, their OrderResults out within 2 s
 BURST_TRIES = 3
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _env(home: Path, **extra: str) -> dict[str, str]:

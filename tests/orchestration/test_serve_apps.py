@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -15,6 +14,7 @@ from pathlib import Path
 from tests.services import Service, clean_env
 from transforms.ingestion.gateway import record_ports, running_gateway, state_path
 from transforms.ingestion.landing import read_landed
+from transforms.ports import free_port as _free_port
 from transforms.settings import Settings
 
 EVENTIDE = str(Path(sys.executable).parent / "eventide")
@@ -51,12 +51,6 @@ def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
 def _eventide(tmp_path: Path, *args: str, **extra: str) -> subprocess.CompletedProcess:
     return subprocess.run([EVENTIDE, *args], cwd=tmp_path, env=_env(tmp_path, **extra), capture_output=True,
                           text=True, timeout=120)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _landed(tmp_path: Path) -> list[bytes]:

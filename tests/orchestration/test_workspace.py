@@ -3,13 +3,13 @@
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 
 from tests.conftest import REPO
+from transforms.ports import free_port as _free_port
 
 BIN = os.path.dirname(sys.executable)
 
@@ -19,12 +19,6 @@ def test_workspace_validates():
                           cwd=REPO, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "All code locations passed validation" in proc.stderr + proc.stdout
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 QUERY = """{ assetNodes { assetKey { path } dependencyKeys { path } groupName

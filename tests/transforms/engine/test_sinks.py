@@ -249,10 +249,9 @@ def test_a_tcp_batch_cut_by_a_kill_of_its_sender_is_in_doubt_resent_or_skipped_a
 
 def test_a_tcp_receiver_that_is_not_listening_leaves_nothing_in_doubt(tmp_path):
     from tests.tcp import Receiver
+    from transforms.ports import free_port
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]  # closed again: nothing listens there
+    port = free_port()  # nothing listens there, and no port-0 bind elsewhere takes it meanwhile
     writer, report = _tcp_writer(tmp_path, f"127.0.0.1:{port}")
     with pytest.raises(RuntimeError, match="Is the receiver listening"):
         writer._send_once(lambda: b"a\n", 0)

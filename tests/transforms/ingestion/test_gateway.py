@@ -18,6 +18,7 @@ from transforms.ingestion.framing import DEFAULT_FRAMING, LANDED_ACK, Framing
 from transforms.ingestion.gateway import GatewayError, GatewayThread
 from transforms.ingestion.landing import Lander, LandingBusy, list_segments, read_landed
 from transforms.ingestion.sender import GatewayUnavailable, InputFileError, ingest_files, send_files
+from transforms.ports import free_port
 from transforms.settings import ConfigError, Settings
 
 DATA = Path(__file__).resolve().parents[3] / "data" / "wallaroo"
@@ -56,12 +57,6 @@ def finish(sock: socket.socket) -> None:
     assert sock.recv(1) == LANDED_ACK
     assert sock.recv(1) == b""
     sock.close()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
 
 
 def test_messages_arrive_exactly(gateway, settings):

@@ -1,0 +1,44 @@
+"""Ports for servers that stop and start again: never one the kernel hands to a port-0 bind."""
+
+import socket
+
+from transforms import ports
+
+
+def test_a_free_port_is_below_the_kernels_ephemeral_range_and_bindable():
+    low, high = ports.ephemeral_range()
+    assert 1024 <= low <= high
+    for _ in range(50):
+        port = ports.free_port()
+        assert ports.LOWEST <= port < low
+        with socket.socket() as s:
+            s.bind((ports.HOST, port))
+
+
+def test_a_port_in_use_is_not_given(monkeypatch):
+    with socket.socket() as taken:
+        taken.bind((ports.HOST, 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        # Only two ports to choose from below the range, one of them taken: the other, every time.
+        monkeypatch.setattr(ports, "LOWEST", port)
+        monkeypatch.setattr(ports, "ephemeral_range", lambda: (port + 2, 65535))
+        monkeypatch.setattr(ports.random, "SystemRandom", lambda: _Cycle([port, port + 1]))
+        assert ports.free_port() == port + 1
+
+
+def test_with_no_room_below_the_range_the_kernel_picks(monkeypatch):
+    monkeypatch.setattr(ports, "ephemeral_range", lambda: (ports.LOWEST, 65535))
+    port = ports.free_port()
+    with socket.socket() as s:
+        s.bind((ports.HOST, port))
+
+
+class _Cycle:
+    def __init__(self, values):
+        self.values = values
+        self.i = 0
+
+    def randrange(self, _low, _high):
+        self.i += 1
+        return self.values[(self.i - 1) % len(self.values)]

@@ -1,0 +1,47 @@
+"""A free TCP port for a server that may stop and start again on it (a broker, `serve`'s gateway).
+
+Binding port 0 gives a port from the kernel's ephemeral range, the range it also hands to every other
+port-0 bind and outgoing connection. While such a server is down, its clients keep reconnecting to its
+port; if the kernel gives that port to another process's listener meanwhile, the clients' bytes reach the
+wrong server and the restarted server cannot bind. (Seen in the suite: a Kafka client of a broker stopped
+by one test sent its ApiVersions request to another test's TCP sink.) A port chosen below the ephemeral
+range is never handed out by the kernel, so only a process that names it can take it.
+"""
+
+from __future__ import annotations
+
+import random
+import socket
+
+HOST = "127.0.0.1"
+LOWEST = 10000  # above the well-known and most registered services' ports
+_EPHEMERAL_RANGE = "/proc/sys/net/ipv4/ip_local_port_range"
+
+
+def ephemeral_range() -> tuple[int, int]:
+    """The kernel's ephemeral port range (Linux's default where it cannot be read)."""
+    try:
+        with open(_EPHEMERAL_RANGE) as f:
+            low, high = (int(p) for p in f.read().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def free_port(host: str = HOST, attempts: int = 200) -> int:
+    """A port free on `host` right now, below the kernel's ephemeral range; one the kernel picks (port 0)
+    when that range starts at LOWEST or below, or no port tried there is free."""
+    low, _ = ephemeral_range()
+    rnd = random.SystemRandom()
+    if low > LOWEST:
+        for _ in range(attempts):
+            port = rnd.randrange(LOWEST, low)
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                try:
+                    s.bind((host, port))
+                except OSError:
+                    continue
+                return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
