@@ -7,13 +7,17 @@ import threading
 import time
 
 from transforms.ingestion.framing import DEFAULT_FRAMING
+from transforms.ports import bound_socket
 
 
 class Receiver:
     """Listens on 127.0.0.1; collects every byte of every connection (with its arrival time)."""
 
-    def __init__(self, port: int = 0):
-        self.server = socket.create_server(("127.0.0.1", port))
+    def __init__(self, port: int | None = None):
+        # Below the kernel's ephemeral range (transforms/ports.py): no client of a server gone from a port-0
+        # port (a stopped driver's executor, say) can reach this receiver by that port being handed out again.
+        self.server = bound_socket() if port is None else socket.create_server(("127.0.0.1", port))
+        self.server.listen()
         self.port = self.server.getsockname()[1]
         self.address = f"127.0.0.1:{self.port}"
         self.chunks: list[bytes] = []

@@ -28,20 +28,26 @@ def ephemeral_range() -> tuple[int, int]:
         return 32768, 60999
 
 
-def free_port(host: str = HOST, attempts: int = 200) -> int:
-    """A port free on `host` right now, below the kernel's ephemeral range; one the kernel picks (port 0)
-    when that range starts at LOWEST or below, or no port tried there is free."""
+def free_port(host: str = HOST) -> int:
+    """A port free on `host` right now, below the kernel's ephemeral range (see bound_socket)."""
+    with bound_socket(host) as s:
+        return s.getsockname()[1]
+
+
+def bound_socket(host: str = HOST, attempts: int = 200) -> socket.socket:
+    """A TCP socket bound on `host` to a port below the kernel's ephemeral range, chosen at random; bound to
+    one the kernel picks (port 0) when that range starts at LOWEST or below, or no port tried there is free.
+    A listener that keeps it has no window in which another process could take its port."""
     low, _ = ephemeral_range()
     rnd = random.SystemRandom()
-    if low > LOWEST:
-        for _ in range(attempts):
-            port = rnd.randrange(LOWEST, low)
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-                try:
-                    s.bind((host, port))
-                except OSError:
-                    continue
-                return port
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    for _ in range(attempts if low > LOWEST else 0):
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            s.bind((host, rnd.randrange(LOWEST, low)))
+        except OSError:
+            s.close()
+            continue
+        return s
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.bind((host, 0))
+    return s

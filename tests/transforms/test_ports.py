@@ -2,6 +2,8 @@
 
 import socket
 
+import pytest
+
 from transforms import ports
 
 
@@ -13,6 +15,15 @@ def test_a_free_port_is_below_the_kernels_ephemeral_range_and_bindable():
         assert ports.LOWEST <= port < low
         with socket.socket() as s:
             s.bind((ports.HOST, port))
+
+
+def test_a_bound_socket_keeps_its_port_below_the_range():
+    low, _ = ports.ephemeral_range()
+    with ports.bound_socket() as held:
+        port = held.getsockname()[1]
+        assert ports.LOWEST <= port < low
+        with socket.socket() as other, pytest.raises(OSError):
+            other.bind((ports.HOST, port))
 
 
 def test_a_port_in_use_is_not_given(monkeypatch):
