@@ -46,11 +46,11 @@ from bench.latency import (
     ServeProcess,
     Workload,
     _flat,
-    _free_port,
     expected_for,
     run_serve,
 )
 from bench.processes import child_env, eventide_cmd, load_average, timed_process
+from transforms.ports import free_port
 
 RESULTS = Path(__file__).resolve().parent / "results"
 KINDS = ("landing", "kafka")
@@ -130,7 +130,7 @@ def serve_throughput(kind: str, log: str, data: Path, messages: int, expected: d
     from transforms.settings import Settings
 
     home = work / f"home-throughput-{kind}"
-    port = _free_port()
+    port = free_port()
     env = child_env(**SPARK_ENV, EVENTIDE_HOME=str(home), EVENTIDE_APPS=LOG_APP, EVENTIDE_PORTS=f"logs={port}",
                     EVENTIDE_LOG=log)
     settings = Settings.from_env(env)

@@ -71,7 +71,7 @@ from examples.market_decoder import (
 )
 from examples.market_generate import read_symbols, unknown_symbols
 from transforms.ingestion.framing import DEFAULT_FRAMING
-from transforms.ports import free_port as _free_port
+from transforms.ports import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 PRIME_FILE = REPO / "data" / "wallaroo" / "market_spread" / "350-symbols_initial-nbbo-fixish.msg"
@@ -558,7 +558,7 @@ def run_serve(workload: Workload, phases: list[Phase], say, drain_timeout: float
     (bench/kafka.py: EVENTIDE_LOG)."""
     tmp = Path(tempfile.mkdtemp(prefix="eventide-bench-latency-"))
     listener = Listener()
-    pm, po = _free_port(), _free_port()
+    pm, po = free_port(), free_port()
     env = {**SPARK_ENV, **os.environ, "EVENTIDE_HOME": str(tmp / "home"), "EVENTIDE_APPS": "examples.market:app",
            "EVENTIDE_PORTS": f"market_data={pm},orders={po}", "EVENTIDE_SINK_ORDER_RESULTS": listener.address,
            **(env_extra or {})}

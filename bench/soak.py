@@ -29,11 +29,11 @@ from bench.latency import (
     ServeProcess,
     Workload,
     _connect,
-    _free_port,
     prime,
     send_phase,
     wait_caught_up,
 )
+from transforms.ports import free_port
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -82,7 +82,7 @@ def soak(minutes: float, rate: int, upkeep_minutes: float, say=print) -> dict:
 
     tmp = Path(tempfile.mkdtemp(prefix="eventide-bench-soak-"))
     listener = Listener()
-    pm, po = _free_port(), _free_port()
+    pm, po = free_port(), free_port()
     env = {**SPARK_ENV, **os.environ, "EVENTIDE_HOME": str(tmp / "home"), "EVENTIDE_APPS": "examples.market:app",
            "EVENTIDE_PORTS": f"market_data={pm},orders={po}", "EVENTIDE_SINK_ORDER_RESULTS": listener.address,
            "EVENTIDE_UPKEEP_MINUTES": str(upkeep_minutes)}

@@ -18,7 +18,7 @@ from tests.services import TEST_SPEED_SETTINGS, Service, clean_env
 from tests.tcp import Receiver
 from transforms import lake
 from transforms.ingestion.framing import DEFAULT_FRAMING
-from transforms.ports import free_port as _free_port
+from transforms.ports import free_port
 from transforms.settings import Settings
 from transforms.spark import JIT_HOT_ONLY
 
@@ -66,7 +66,7 @@ def _wait_for(what, timeout: float, poll: float = 0.2):
 @pytest.mark.serial  # a 2 s promise: measured alone, not next to another test's Spark
 def test_serve_answers_orders_over_tcp_within_two_seconds_without_a_run(tmp_path):
     home, receiver = tmp_path / "home", Receiver()
-    ports = {"market_data": _free_port(), "orders": _free_port()}
+    ports = {"market_data": free_port(), "orders": free_port()}
     env = _env(home, EVENTIDE_APPS="examples.market:app", EVENTIDE_SINK_ORDER_RESULTS=receiver.address,
                EVENTIDE_PORTS=",".join(f"{k}={v}" for k, v in ports.items()))
     # A promise to users is measured with their JVM settings, not the tests' cheaper ones.

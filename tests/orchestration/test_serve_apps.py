@@ -14,7 +14,7 @@ from pathlib import Path
 from tests.services import Service, clean_env
 from transforms.ingestion.gateway import record_ports, running_gateway, state_path
 from transforms.ingestion.landing import read_landed
-from transforms.ports import free_port as _free_port
+from transforms.ports import free_port
 from transforms.settings import Settings
 
 EVENTIDE = str(Path(sys.executable).parent / "eventide")
@@ -88,7 +88,7 @@ def test_serve_records_a_free_port_that_send_finds(tmp_path):
 def test_eventide_ports_sets_the_port_of_a_new_stream(tmp_path):
     # Before: `EVENTIDE_PORTS=temps=7201 eventide serve` failed: "names streams without a group".
     folder = _folder(tmp_path)
-    port = _free_port()
+    port = free_port()
     env = _env(folder, EVENTIDE_PORTS=f"temps={port}")
     service = Service(env, folder, [EVENTIDE, "serve", "--gateway-only", "--app", "temps_app:app"])
     try:

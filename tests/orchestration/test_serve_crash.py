@@ -23,13 +23,14 @@ from examples.market import MARKET_STATE_TABLE, ORDER_REJECTIONS_TABLE, run_loop
 from examples.market_decoder import MarketData, Order, encode_market_data, encode_order, parse_order_result
 from examples.words import split_words
 from orchestration.status import compute_status, format_status
-from tests.orchestration.test_serve import _env, _free_port
+from tests.orchestration.test_serve import _env
 from tests.services import Service
 from tests.tcp import Receiver
 from tests.transforms.test_logs_app import expected_summary, log_messages, summary_rows
 from transforms import lake
 from transforms.ingestion.framing import DEFAULT_FRAMING, LANDED_ACK
 from transforms.ingestion.landing import list_segments, read_landed
+from transforms.ports import free_port
 from transforms.processes import local_processes
 from transforms.settings import Settings
 
@@ -107,7 +108,7 @@ def _start(env, tmp_path) -> Service:
 def test_kill_9_while_sending_then_restart_leaves_every_table_exact(tmp_path):
     home = tmp_path / "home"
     orders_out, words_out = Receiver(), Receiver()
-    ports = {s: _free_port() for s in ("logs", "market_data", "orders", "text")}
+    ports = {s: free_port() for s in ("logs", "market_data", "orders", "text")}
     env = _env(home, EVENTIDE_PORTS=",".join(f"{k}={v}" for k, v in ports.items()),
                EVENTIDE_SINK_ORDER_RESULTS=orders_out.address, EVENTIDE_SINK_WORD_COUNT_TCP=words_out.address)
     service = _start(env, tmp_path)

@@ -25,7 +25,6 @@ from tests.orchestration.test_serve import (
     START_SECONDS,
     _drain,
     _env,
-    _free_port,
     _rows,
     _send,
     _wait_for,
@@ -33,6 +32,7 @@ from tests.orchestration.test_serve import (
 from tests.services import Service
 from tests.tcp import Receiver
 from transforms.ingestion import open_log
+from transforms.ports import free_port
 from transforms.settings import Settings
 
 MATERIALIZATIONS = """{ assetOrError(assetKey: {path: ["%s"]}) { ... on Asset { assetMaterializations(limit: 10) {
@@ -64,8 +64,8 @@ def _served_materializations(port: int, table: str) -> list[dict]:
 @pytest.mark.spark
 def test_serve_next_to_the_ui_shows_the_tables_live(tmp_path):
     home, receiver = tmp_path / "home", Receiver()
-    ports = {"market_data": _free_port(), "orders": _free_port()}
-    ui_port = _free_port()
+    ports = {"market_data": free_port(), "orders": free_port()}
+    ui_port = free_port()
     env = _env(home, EVENTIDE_APPS="examples.market:app", EVENTIDE_SINK_ORDER_RESULTS=receiver.address,
                EVENTIDE_PORTS=",".join(f"{k}={v}" for k, v in ports.items()))
     service = Service(env, tmp_path, [EVENTIDE, "serve"])

@@ -16,9 +16,10 @@ import pytest
 
 from examples.logs import SUMMARY_TABLE
 from examples.logs_assets import SUMMARY_FRESHNESS
-from tests.orchestration.test_serve import EVENTIDE, _env, _free_port, _wait_for
+from tests.orchestration.test_serve import EVENTIDE, _env, _wait_for
 from tests.orchestration.test_serve_ui import _graphql, _graphql_up
 from tests.transforms.test_logs_app import LOG_FILES
+from transforms.ports import free_port
 
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 # Without the background-networking flags Chromium waits on services the closed network never answers.
@@ -57,7 +58,7 @@ def _open(page, url: str, shot: Path) -> str:
 def test_the_ui_shows_the_summarys_automation_conditions_and_freshness(tmp_path):
     from playwright.sync_api import expect, sync_playwright
 
-    home, port = tmp_path / "home", _free_port()
+    home, port = tmp_path / "home", free_port()
     env = _env(home, EVENTIDE_APPS="examples.logs:app")
 
     def eventide(*args: str) -> str:

@@ -9,7 +9,7 @@ import time
 import urllib.request
 
 from tests.conftest import REPO
-from transforms.ports import free_port as _free_port
+from transforms.ports import free_port
 
 BIN = os.path.dirname(sys.executable)
 
@@ -26,7 +26,7 @@ QUERY = """{ assetNodes { assetKey { path } dependencyKeys { path } groupName
 
 
 def test_webserver_serves_the_lineage(tmp_path):
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "DAGSTER_HOME": str(tmp_path), "EVENTIDE_HOME": str(tmp_path / "home")}
     proc = subprocess.Popen(
         [os.path.join(BIN, "dagster-webserver"), "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(port)],

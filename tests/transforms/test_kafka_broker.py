@@ -13,7 +13,8 @@ from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.conftest import REPO
-from transforms.kafka_broker import free_port, is_formatted, start_broker
+from transforms.kafka_broker import is_formatted, start_broker
+from transforms.ports import free_port
 from transforms.processes import alive
 
 EVENTIDE = os.path.join(os.path.dirname(sys.executable), "eventide")

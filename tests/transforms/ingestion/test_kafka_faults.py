@@ -19,7 +19,8 @@ from transforms import lake
 from transforms.ingestion import kafka_log, open_log
 from transforms.ingestion.gateway import GatewayThread
 from transforms.ingestion.sender import send_files
-from transforms.kafka_broker import free_port, start_broker
+from transforms.kafka_broker import start_broker
+from transforms.ports import free_port
 from transforms.settings import Settings
 
 pytestmark = pytest.mark.timeout(420)

@@ -25,7 +25,7 @@ from transforms.ingestion.gateway import GatewayThread
 from transforms.ingestion.kafka_log import KafkaLog, topic_name
 from transforms.ingestion.log import LogUnavailable
 from transforms.ingestion.sender import ingest_files, send_files
-from transforms.kafka_broker import free_port
+from transforms.ports import free_port
 from transforms.settings import ConfigError, Settings
 from transforms.streams import bronze_application
 

@@ -11,7 +11,7 @@ import pytest
 
 from transforms.engine.kafka_sink import KafkaSinkError, TransactionalSink, parse_kafka_address
 from transforms.engine.sinks import resolve_tcp_sinks
-from transforms.kafka_broker import free_port
+from transforms.ports import free_port
 from transforms.settings import ConfigError
 from transforms.testing import committed_records
 

@@ -17,7 +17,7 @@ import pytest
 from tests.conftest import DATA
 from tests.services import Service, clean_env
 from transforms.ingestion.sender import send_files
-from transforms.kafka_broker import free_port
+from transforms.ports import free_port
 from transforms.testing import committed_records
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(600)]
