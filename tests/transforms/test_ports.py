@@ -27,15 +27,17 @@ def test_a_bound_socket_keeps_its_port_below_the_range():
 
 
 def test_a_port_in_use_is_not_given(monkeypatch):
-    with socket.socket() as taken:
+    with socket.socket() as taken, socket.socket() as probe:
         taken.bind((ports.HOST, 0))
         taken.listen()
-        port = taken.getsockname()[1]
-        # Only two ports to choose from below the range, one of them taken: the other, every time.
-        monkeypatch.setattr(ports, "LOWEST", port)
-        monkeypatch.setattr(ports, "ephemeral_range", lambda: (port + 2, 65535))
-        monkeypatch.setattr(ports.random, "SystemRandom", lambda: _Cycle([port, port + 1]))
-        assert ports.free_port() == port + 1
+        probe.bind((ports.HOST, 0))
+        port, free = taken.getsockname()[1], probe.getsockname()[1]
+        probe.close()  # free again
+        # The random choice sees the taken port first, then the free one: the free one is given.
+        monkeypatch.setattr(ports, "LOWEST", min(port, free))
+        monkeypatch.setattr(ports, "ephemeral_range", lambda: (max(port, free) + 1, 65535))
+        monkeypatch.setattr(ports.random, "SystemRandom", lambda: _Cycle([port, free]))
+        assert ports.free_port() == free
 
 
 def test_with_no_room_below_the_range_the_kernel_picks(monkeypatch):
