@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from orchestration.console import console
+from transforms.ports import LOOPBACK
 from transforms.settings import ConfigError, get_settings, reset_settings
 
 _ANY_ADDRESS = ("", "0.0.0.0", "::")
@@ -23,17 +24,17 @@ def _address(text: str | None, settings, stream: str) -> tuple[str, int]:
         host, sep, port = text.rpartition(":")
         if not sep or not port.isdigit():
             raise ConfigError(f"--to {text!r}: expected HOST:PORT, e.g. 127.0.0.1:7101")
-        return host or "127.0.0.1", int(port)
+        return host or LOOPBACK, int(port)
     from transforms.ingestion.gateway import running_gateway, state_path
 
     settings.registry.stream(stream)  # an unknown stream: say so, not "no port"
     running = running_gateway(settings)
     if running and stream in running["ports"]:
         host = running["host"]
-        return ("127.0.0.1" if host in _ANY_ADDRESS else host), running["ports"][stream]
+        return (LOOPBACK if host in _ANY_ADDRESS else host), running["ports"][stream]
     port = settings.port_of(stream)
     if port:
-        return ("127.0.0.1" if settings.bind_host in _ANY_ADDRESS else settings.bind_host), port
+        return (LOOPBACK if settings.bind_host in _ANY_ADDRESS else settings.bind_host), port
     if running:
         raise ConfigError(
             f"the gateway running for {settings.home} (pid {running['pid']}) does not serve stream {stream!r}: "
@@ -238,7 +239,7 @@ def ui_command(settings, port: int, cwd: Path | None = None) -> tuple[list[str],
     env["DAGSTER_HOME"] = str(settings.dagster_home.absolute())
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(cwd), env.get("PYTHONPATH", "")) if p)
     dagster = Path(sys.executable).with_name("dagster")
-    argv = [str(dagster), "dev", "-w", str(repo / "workspace.yaml"), "-h", "127.0.0.1", "-p", str(port)]
+    argv = [str(dagster), "dev", "-w", str(repo / "workspace.yaml"), "-h", LOOPBACK, "-p", str(port)]
     return argv, env
 
 

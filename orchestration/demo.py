@@ -20,6 +20,7 @@ from transforms import lake
 from transforms.ingestion import open_log
 from transforms.ingestion.gateway import GatewayThread
 from transforms.ingestion.sender import send_files
+from transforms.ports import LOOPBACK
 from transforms.settings import Settings
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "wallaroo"
@@ -41,7 +42,7 @@ def run_demo(settings: Settings) -> int:
         ports = gw.bound_ports
 
         def send(stream: str, files: list[Path], end_of_day: bool = False) -> int:
-            n = send_files(stream, files, "127.0.0.1", ports[stream], end_of_day=end_of_day, marker=settings.marker)
+            n = send_files(stream, files, LOOPBACK, ports[stream], end_of_day=end_of_day, marker=settings.marker)
             _say(f"   {stream:<12} {n:>5} messages  ({', '.join(f.name for f in files)})")
             return n
 

@@ -35,13 +35,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from transforms.ports import free_port
+from transforms.ports import LOOPBACK, free_port
 from transforms.processes import live_children
 
 KAFKA_VERSION = "4.1.1"  # org.apache.kafka:kafka_2.13, jvm/kafka/pom.xml
 KAFKA_JARS_ENV = "EVENTIDE_KAFKA_JARS"
 JAVA_OPTS_ENV = "EVENTIDE_KAFKA_JAVA_OPTS"
-HOST = "127.0.0.1"
 NODE_ID = 1
 # A development broker: a small heap, and the client compiler only with a serial GC, the options with which
 # tests/spark_cluster.py measured Spark's daemons starting several times faster on a small, busy machine.
@@ -101,17 +100,17 @@ def check_port_free(port: int, what: str = "--port") -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            s.bind((HOST, port))
+            s.bind((LOOPBACK, port))
         except OSError as e:
             raise KafkaBrokerError(
-                f"port {port} on {HOST} is in use ({e.strerror}): another broker or program listens there. "
+                f"port {port} on {LOOPBACK} is in use ({e.strerror}): another broker or program listens there. "
                 f"Stop it, or pick another {what}"
             ) from None
 
 
 def _port_open(port: int) -> bool:
     try:
-        with socket.create_connection((HOST, port), timeout=0.5):
+        with socket.create_connection((LOOPBACK, port), timeout=0.5):
             return True
     except OSError:
         return False
@@ -125,9 +124,9 @@ def server_properties(folder: Path, port: int, controller_port: int) -> str:
         "# Written by `eventide kafka` at every start (transforms/kafka_broker.py); edits are overwritten.",
         "process.roles=broker,controller",
         f"node.id={NODE_ID}",
-        f"controller.quorum.voters={NODE_ID}@{HOST}:{controller_port}",
-        f"listeners=PLAINTEXT://{HOST}:{port},CONTROLLER://{HOST}:{controller_port}",
-        f"advertised.listeners=PLAINTEXT://{HOST}:{port}",
+        f"controller.quorum.voters={NODE_ID}@{LOOPBACK}:{controller_port}",
+        f"listeners=PLAINTEXT://{LOOPBACK}:{port},CONTROLLER://{LOOPBACK}:{controller_port}",
+        f"advertised.listeners=PLAINTEXT://{LOOPBACK}:{port}",
         "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
         "inter.broker.listener.name=PLAINTEXT",
         "controller.listener.names=CONTROLLER",
@@ -264,7 +263,7 @@ def run_broker(folder: Path, port: int, controller_port: int | None = None,
         if stopping:
             return 0
         say(f"eventide kafka: Apache Kafka {KAFKA_VERSION} (KRaft, broker and controller) starting on "
-            f"{HOST}:{port} (controller {HOST}:{controller_port}), data in {folder.absolute() / 'data'}")
+            f"{LOOPBACK}:{port} (controller {LOOPBACK}:{controller_port}), data in {folder.absolute() / 'data'}")
         proc = subprocess.Popen(_java_args(java, jars, folder, "kafka.Kafka", str(props)),
                                 stdin=subprocess.DEVNULL, preexec_fn=_child_setup())
         child.append(proc)
@@ -301,7 +300,7 @@ def run_broker(folder: Path, port: int, controller_port: int | None = None,
 def _announce(proc: subprocess.Popen, port: int, say: Callable[[str], None]) -> None:
     while proc.poll() is None:
         if _port_open(port):
-            say(f"eventide kafka: listening on {HOST}:{port} (bootstrap.servers={HOST}:{port}); "
+            say(f"eventide kafka: listening on {LOOPBACK}:{port} (bootstrap.servers={LOOPBACK}:{port}); "
                 "Ctrl-C or SIGTERM stops it")
             return
         time.sleep(0.2)
@@ -329,7 +328,7 @@ class BrokerProcess:
 
     @property
     def bootstrap_servers(self) -> str:
-        return f"{HOST}:{self.port}"
+        return f"{LOOPBACK}:{self.port}"
 
     def tail(self, lines: int = 40) -> str:
         try:

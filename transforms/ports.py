@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 import socket
 
-HOST = "127.0.0.1"
+LOOPBACK = "127.0.0.1"  # the one address Eventide binds and dials unless told otherwise
 LOWEST = 10000  # above the well-known and most registered services' ports
 _EPHEMERAL_RANGE = "/proc/sys/net/ipv4/ip_local_port_range"
 
@@ -28,13 +28,13 @@ def ephemeral_range() -> tuple[int, int]:
         return 32768, 60999
 
 
-def free_port(host: str = HOST) -> int:
+def free_port(host: str = LOOPBACK) -> int:
     """A port free on `host` right now, below the kernel's ephemeral range (see bound_socket)."""
     with bound_socket(host) as s:
         return s.getsockname()[1]
 
 
-def bound_socket(host: str = HOST, attempts: int = 200) -> socket.socket:
+def bound_socket(host: str = LOOPBACK, attempts: int = 200) -> socket.socket:
     """A TCP socket bound on `host` to a port below the kernel's ephemeral range, chosen at random; bound to
     one the kernel picks (port 0) when that range starts at LOWEST or below, or no port tried there is free.
     A listener that keeps it has no window in which another process could take its port."""

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from transforms.errors import ConfigError
+from transforms.ports import LOOPBACK
 
 __all__ = ["ConfigError", "Settings", "get_settings", "reset_settings"]
 
@@ -99,7 +100,7 @@ class Settings:
     # `landing` = the landing folder under the home; `kafka://HOST:PORT` = a Kafka topic per sequence group.
     log: str = ""
     # Gateway
-    bind_host: str = "127.0.0.1"
+    bind_host: str = LOOPBACK
     # Ports by stream, over what the apps' sources declare (`temps=7201,logs=7101`); 0 = a free port.
     ports: dict[str, int] = field(default_factory=dict)
     header_length: int = 4

@@ -10,6 +10,7 @@ import threading
 from pathlib import Path
 
 from transforms.lake.session import configure
+from transforms.ports import LOOPBACK
 from transforms.python_zygote import ZYGOTE_ENV, Zygote, new_address
 from transforms.settings import Settings
 
@@ -24,7 +25,7 @@ ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvi
 def _prepare_environment() -> None:
     if not os.environ.get("JAVA_HOME") and os.path.isdir(JAVA_17):
         os.environ["JAVA_HOME"] = JAVA_17
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("SPARK_LOCAL_IP", LOOPBACK)
     # Python workers must run the interpreter that has Eventide installed.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -75,7 +76,7 @@ def get_spark(settings: Settings):
         for key, value in settings.spark_conf.items():  # the user's own (EVENTIDE_SPARK_CONF), last
             builder = builder.config(key, value)
         if local:  # embedded: loopback only; a cluster's executors must reach the driver (SPARK_LOCAL_IP)
-            builder = builder.config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.host", "127.0.0.1")
+            builder = builder.config("spark.driver.bindAddress", LOOPBACK).config("spark.driver.host", LOOPBACK)
             if lean:
                 builder = builder.config("spark.python.daemon.module", "transforms.python_daemon")
         launcher = _lean_launcher() if lean else None

@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 
 from transforms.files import write_text_atomic
+from transforms.ports import LOOPBACK
 
 CONNECT_TIMEOUT_SECONDS = 30
 LOCK_POLL_SECONDS = 0.05
@@ -91,7 +92,7 @@ def serve(marker: Path, address: str, stdin=None) -> None:
             break
         try:
             if conn is None:  # nothing is sent yet: a failure here leaves nothing in doubt
-                conn = socket.create_connection((host or "127.0.0.1", int(port)), timeout=CONNECT_TIMEOUT_SECONDS)
+                conn = socket.create_connection((host or LOOPBACK, int(port)), timeout=CONNECT_TIMEOUT_SECONDS)
         except OSError as e:
             _reply(f"error {e}. Is the receiver listening?")
             continue

@@ -78,6 +78,7 @@ import pyarrow as pa
 
 from transforms import lake
 from transforms.api import Application, DeltaSink, KafkaSink, KafkaTopic, Merged, Pipeline, TCPSink
+from transforms.ports import LOOPBACK
 from transforms.settings import Settings
 
 CONNECTION = "run_app"  # the landing `connection` of every message run_app lands
@@ -379,9 +380,9 @@ class _Listener:
     query, opened on its first output, closed when the query ends) and keeps every byte."""
 
     def __init__(self):
-        self.server = socket.create_server(("127.0.0.1", 0))
+        self.server = socket.create_server((LOOPBACK, 0))
         self.server.settimeout(0.1)
-        self.address = f"127.0.0.1:{self.server.getsockname()[1]}"
+        self.address = f"{LOOPBACK}:{self.server.getsockname()[1]}"
         self.data = bytearray()
         self.error: BaseException | None = None
         self.done = threading.Event()

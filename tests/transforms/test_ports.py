@@ -14,7 +14,7 @@ def test_a_free_port_is_below_the_kernels_ephemeral_range_and_bindable():
         port = ports.free_port()
         assert ports.LOWEST <= port < low
         with socket.socket() as s:
-            s.bind((ports.HOST, port))
+            s.bind((ports.LOOPBACK, port))
 
 
 def test_a_bound_socket_keeps_its_port_below_the_range():
@@ -23,14 +23,14 @@ def test_a_bound_socket_keeps_its_port_below_the_range():
         port = held.getsockname()[1]
         assert ports.LOWEST <= port < low
         with socket.socket() as other, pytest.raises(OSError):
-            other.bind((ports.HOST, port))
+            other.bind((ports.LOOPBACK, port))
 
 
 def test_a_port_in_use_is_not_given(monkeypatch):
     with socket.socket() as taken, socket.socket() as probe:
-        taken.bind((ports.HOST, 0))
+        taken.bind((ports.LOOPBACK, 0))
         taken.listen()
-        probe.bind((ports.HOST, 0))
+        probe.bind((ports.LOOPBACK, 0))
         port, free = taken.getsockname()[1], probe.getsockname()[1]
         probe.close()  # free again
         # The random choice sees the taken port first, then the free one: the free one is given.
@@ -44,7 +44,7 @@ def test_with_no_room_below_the_range_the_kernel_picks(monkeypatch):
     monkeypatch.setattr(ports, "ephemeral_range", lambda: (ports.LOWEST, 65535))
     port = ports.free_port()
     with socket.socket() as s:
-        s.bind((ports.HOST, port))
+        s.bind((ports.LOOPBACK, port))
 
 
 class _Cycle:
