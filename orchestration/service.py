@@ -293,7 +293,7 @@ class Service:
         # together: one restart a round spreads them out, and the others go on answering meanwhile.
         for q in self.queries:
             try:
-                if q.restart_if_file_list_grew(STOP_GRACE_SECONDS):
+                if q.restart_if_file_list_grew(STOP_GRACE_SECONDS) or q.restart_if_source_outgrown(STOP_GRACE_SECONDS):
                     break
             except OSError as e:  # it goes on as it is; the next round tries again
                 self.say(f"{q.name}: could not measure its checkpoint's list of files: {e}")

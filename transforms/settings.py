@@ -144,6 +144,10 @@ class Settings:
     # (archive.forget_archived); about 25,000 segments, under two hours of one log at its busiest (Eventide
     # reads every query's list every 10 s to archive: about 0.1 s at that size). 0 = never.
     file_list_restart_mb: float = 4.0
+    # `eventide serve`: once a log's archive holds this many segments, runs of them are merged into
+    # segments of about 128 MB (ingestion/archive.py, compact_archive): a day of one busy log would be
+    # 345,600 small files for a new query, a replay or a recovery to list. 0 = never.
+    archive_compact_files: int = 1000
     # `eventide serve`: at most one Dagster event per table in this many seconds.
     report_interval: float = 5.0
     # `eventide run --close-windows`: at the end of each run, close every key's open windows (reason
@@ -268,6 +272,9 @@ class Settings:
             raise ConfigError(f"EVENTIDE_SENSOR_INTERVAL_SECONDS={self.sensor_interval_seconds}: must be at least 1")
         if self.spark_remote:
             raise ConfigError(CONNECT_REFUSED.format(url=self.spark_remote))
+        if self.archive_compact_files < 0 or self.archive_compact_files == 1:
+            raise ConfigError(f"EVENTIDE_ARCHIVE_COMPACT_FILES={self.archive_compact_files}: must be 0 (never compact "
+                              "the landing archive) or at least 2 (segments merged into one)")
         if self.vacuum_hours < 0 or self.upkeep_minutes < 0:
             raise ConfigError("EVENTIDE_VACUUM_HOURS and EVENTIDE_UPKEEP_MINUTES must be 0 or positive")
         if self.tcp_in_doubt not in ("resend", "skip"):

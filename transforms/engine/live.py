@@ -20,6 +20,7 @@ from transforms.engine.plan import QueryPlan
 from transforms.engine.report import RunReport
 from transforms.engine.runner import start_query
 from transforms.engine.sinks import BatchDone, BatchWriter
+from transforms.ingestion.kafka_source import plan_log
 from transforms.settings import Settings
 from transforms.spark import explain_task_error
 
@@ -91,6 +92,17 @@ class LiveQuery:
             return False
         self.say(f"{self.name}: restarting, so that it forgets the archived segments it read (its checkpoint's "
                  f"list of files grew {grown / 1e6:.1f} MB)")
+        self._stop_query(grace_seconds)
+        self._start()
+        return True
+
+    def restart_if_source_outgrown(self, grace_seconds: float = 30.0) -> bool:
+        """Restart the query (keeping its lock) once its source reads more than it may still need: a query
+        that started listing the landing archive and has read all of it holds back the archive's compaction
+        while it lists it (ingestion/archive.py). Returns whether it restarted."""
+        if not self.running or not plan_log(self.settings, self.plan).source_outgrown(self.plan):
+            return False
+        self.say(f"{self.name}: restarting, so that it stops listing the landing archive it has read")
         self._stop_query(grace_seconds)
         self._start()
         return True

@@ -3,8 +3,14 @@ out of the folder Spark's file source lists on every trigger (archive_segments),
 small over a day of low-latency operation. The log stays whole and replayable: readers of the landing
 (`list_segments`, quarantine replay, recovery) see both folders, and a query with archived segments still
 to read (one that has committed nothing yet, or stopped partway through the archive) lists both
-(landing.reads_archive). A query that no longer lists the archive forgets the archived segments in its
+(reads_archive). A query that no longer lists the archive forgets the archived segments in its
 checkpoint (forget_archived), and the archive keeps its segments' row counts for `eventide status`.
+
+The archive is compacted (compact_archive): runs of small archived segments are merged into one segment
+named for the range they span, so a day of `serve` (up to 345,600 segments a log) is not a day of small
+files for the next new query, replay or recovery to list. Merging renames what a query's checkpoint
+remembers, so it waits until no query may still see the archive's files as new: none lists the archive
+now (a marker under the archive while it runs, see note_listing) and none stopped partway through it.
 
 "Every query" is every checkpoint under the home that reads the log (its latest generation), and every
 registered query of the log that has no checkpoint yet, so a segment is archived only once nothing may
@@ -13,8 +19,12 @@ still need to read it from the live folder.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import logging
 import os
 from collections import defaultdict
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from transforms.engine.checkpoints import (
@@ -24,10 +34,31 @@ from transforms.engine.checkpoints import (
     latest_checkpoints,
     processed_segments,
 )
+from transforms.engine.locks import holder_of
 from transforms.engine.plan import QueryPlan
-from transforms.files import fsync_dir
-from transforms.ingestion.segments import parse_segment_name
+from transforms.files import fsync_dir, write_text_atomic
+from transforms.ingestion.segments import covering, outermost, parse_segment_name, segment_name
 from transforms.settings import Settings
+
+COMPACT_LOG = logging.getLogger("eventide.landing.archive")
+
+
+def last_read_seq(read: set[str]) -> int | None:
+    """The last sequence number of the segments a query has read (None: none yet)."""
+    return max((parse_segment_name(name)[1] for name in read), default=None)
+
+
+def reads_archive(settings: Settings, group: str, read: set[str]) -> bool:
+    """Whether a query that has read the segments `read` of log `group` must still list the archive: it
+    holds a segment after the last one the query read. True for a query that read nothing yet (it
+    starts from the beginning) and for one stopped partway through the archive, however many batches
+    it committed; once false it stays false, since only segments every query committed are archived
+    (archive.py) and a query reads its log in sequence order."""
+    archive = settings.landing_archive / group
+    if not archive.is_dir():
+        return False
+    last = last_read_seq(read)
+    return any((seqs := parse_segment_name(p.name)) and (last is None or seqs[0] > last) for p in archive.iterdir())
 
 
 def archive_committed(settings: Settings, plans: list[QueryPlan]) -> dict[str, int]:
@@ -64,7 +95,7 @@ def forget_archived(settings: Settings, plan: QueryPlan) -> int:
     archive = settings.landing_archive / plan.group
     if not archive.is_dir():
         return 0
-    return forget_source_files(plan.checkpoint(settings), set(os.listdir(archive)).__contains__)[1]
+    return forget_source_files(plan.checkpoint(settings), archived_names(archive))[1]
 
 
 def archive_segments(settings: Settings, group: str, names: set[str]) -> int:
@@ -115,3 +146,184 @@ def archived_rows(archive: Path) -> dict[str, int]:
         if count.isdigit():
             rows[name] = int(count)
     return rows
+
+
+# -- compaction ------------------------------------------------------------------------------------------
+# A merged segment's target size: runs of archived segments are cut at about this many bytes.
+COMPACT_TARGET_BYTES = 128 * 1024 * 1024
+LOCK_FILE = ".lock"  # compaction holds it exclusively; a query taking up the archive, briefly shared
+LISTING = ".listing"  # a file per query that lists the archive (named for the query) while it runs
+COMPACTING = ".compacting-"  # a merged segment being written (hidden: Spark's listing skips dot files)
+
+
+def archived_ranges(archive: Path) -> list[tuple[int, int, str]]:
+    """(first, last, name) of the archive's segments, in sequence order, without the segments a merged
+    one holds (left behind by a compaction cut short: see outermost)."""
+    try:
+        names = os.listdir(archive)
+    except FileNotFoundError:
+        return []
+    return outermost([(*seqs, n) for n in names if (seqs := parse_segment_name(n))])
+
+
+def archived_names(archive: Path) -> Callable[[str], bool]:
+    """Whether a segment name is archived: in the archive itself, or merged into a segment there."""
+    ranges = archived_ranges(archive)
+
+    def archived(name: str) -> bool:
+        seqs = parse_segment_name(name)
+        return seqs is not None and covering(ranges, *seqs) is not None
+
+    return archived
+
+
+@contextlib.contextmanager
+def _archive_lock(archive: Path, exclusive: bool, wait: bool = True) -> Iterator[bool]:
+    archive.mkdir(parents=True, exist_ok=True)
+    with open(archive / LOCK_FILE, "a") as f:
+        flags = (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | (0 if wait else fcntl.LOCK_NB)
+        try:
+            fcntl.flock(f, flags)
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def note_listing(settings: Settings, plan: QueryPlan, lists_archive: bool) -> None:
+    """Say, before `plan`'s query starts, whether it lists the archive of its log. Called by the process
+    that holds the query's lock (locks.py), so the marker is true while that lock is held: compaction
+    waits for a marker whose query's lock is held, and removes one whose lock is free (its process
+    stopped). Taken under the archive's lock, so no compaction is halfway while the query first lists."""
+    archive = settings.landing_archive / plan.group
+    marker = archive / LISTING / plan.name
+    if not lists_archive:
+        with contextlib.suppress(FileNotFoundError):
+            marker.unlink()
+        return
+    with _archive_lock(archive, exclusive=True):
+        _settle(archive)
+        marker.parent.mkdir(exist_ok=True)
+        marker.write_text(str(os.getpid()))
+
+
+def lists_archive(settings: Settings, plan: QueryPlan) -> bool:
+    """Whether `plan`'s query was started listing the archive (note_listing) and is marked so still."""
+    return (settings.landing_archive / plan.group / LISTING / plan.name).exists()
+
+
+def compact_archive(settings: Settings, log: str, min_files: int | None = None) -> int:
+    """Merge runs of the archive's small segments into one segment each; returns how many segments were
+    merged (0 if the archive holds fewer than `min_files` small ones in a row, or a query may still read
+    it as it was). Each merged segment is written hidden, made durable, renamed into place, and only then
+    are the segments it holds deleted: a crash at any point leaves every message in the archive once as
+    readers see it (list_segments and Spark's listing skip the hidden file; outermost, the replaced ones)."""
+    min_files = settings.archive_compact_files if min_files is None else min_files
+    archive = settings.landing_archive / log
+    if not min_files or _segment_files(archive) < min_files:  # the common case, every 10 s: one listing
+        return 0
+    with _archive_lock(archive, exclusive=True, wait=False) as locked:
+        if not locked:  # a query is taking the archive up: the next round
+            return 0
+        _settle(archive)
+        if readers := _readers_of_archive(settings, log, archive):
+            COMPACT_LOG.debug("archive of log %r not compacted: %s may still read it as it is", log, readers)
+            return 0
+        return sum(_merge(archive, run) for run in _runs(archive, archived_ranges(archive)))
+
+
+def _segment_files(archive: Path) -> int:
+    """Segment files in the archive, those a merged one holds included (so a cut compaction is settled)."""
+    try:
+        return sum(1 for name in os.listdir(archive) if parse_segment_name(name))
+    except FileNotFoundError:
+        return 0
+
+
+def _settle(archive: Path) -> None:
+    """Finish what a compaction cut short: its hidden merged file, and segments a merged one holds."""
+    names = os.listdir(archive)
+    for name in names:
+        if name.startswith(COMPACTING):
+            (archive / name).unlink()
+    kept = {r[2] for r in archived_ranges(archive)}
+    inner = [n for n in names if parse_segment_name(n) and n not in kept]
+    for name in inner:
+        (archive / name).unlink()
+    if inner:
+        fsync_dir(archive)
+        COMPACT_LOG.warning("archive of log %r: removed %d segment(s) already merged (a compaction was cut short)",
+                            archive.name, len(inner))
+
+
+def _readers_of_archive(settings: Settings, log: str, archive: Path) -> list[str]:
+    """Queries that may still see the archive's files as new, so that merging them would be read twice: one
+    that lists the archive now (its marker, and its lock held), and one stopped partway through it (its
+    checkpoint committed less than the whole archive; one planned but not committed may replay its files)."""
+    readers = []
+    for marker in (archive / LISTING).iterdir() if (archive / LISTING).is_dir() else ():
+        if holder_of(settings, marker.name) is not None:
+            readers.append(marker.name)
+        else:  # its process stopped without saying: the lock is what tells
+            with contextlib.suppress(FileNotFoundError):
+                marker.unlink()
+    for ckpt in latest_checkpoints(settings.checkpoints):
+        if landing_log_of(ckpt) == log and reads_archive(settings, log, processed_segments(ckpt)[1]):
+            readers.append(ckpt.parent.name)
+    return readers
+
+
+def _runs(archive: Path, ranges: list[tuple[int, int, str]]) -> list[list[tuple[int, int, str]]]:
+    """Runs of consecutive segments, each cut once it reaches COMPACT_TARGET_BYTES; those of two segments or
+    more are merged (a merged segment under that size is merged again with the segments after it)."""
+    runs, run, size = [], [], 0
+    for r in ranges:
+        run.append(r)
+        size += (archive / r[2]).stat().st_size
+        if size >= COMPACT_TARGET_BYTES:
+            runs.append(run)
+            run, size = [], 0
+    runs.append(run)
+    return [r for r in runs if len(r) >= 2]
+
+
+def _merge(archive: Path, run: list[tuple[int, int, str]]) -> int:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    paths = [archive / r[2] for r in run]
+    final = archive / segment_name(run[0][0], run[-1][1])
+    tmp = archive / f"{COMPACTING}{final.name}"
+    rows = 0
+    with open(tmp, "wb") as f:
+        # Row groups of about 64 MB in memory (a run is up to COMPACT_TARGET_BYTES compressed), not one a
+        # small segment: readers pay per row group.
+        with pq.ParquetWriter(f, pq.read_schema(paths[0]), compression="zstd") as writer:
+            buffered, size = [], 0
+            for i, p in enumerate(paths):
+                buffered.append(pq.read_table(p))
+                size += buffered[-1].nbytes
+                if i == len(paths) - 1 or size >= 64 * 1024 * 1024:
+                    table = pa.concat_tables(buffered)
+                    writer.write_table(table, row_group_size=table.num_rows)
+                    rows += table.num_rows
+                    buffered, size = [], 0
+        f.flush()
+        os.fsync(f.fileno())
+    stamp = paths[-1].stat().st_mtime_ns  # Spark reads by modification time: it keeps the run's place
+    os.utime(tmp, ns=(stamp, stamp))
+    os.rename(tmp, final)
+    fsync_dir(archive)
+    for p in paths:
+        p.unlink()
+    fsync_dir(archive)
+    noted = archived_rows(archive)
+    kept = {r[2] for r in archived_ranges(archive)}
+    noted = {name: n for name, n in noted.items() if name in kept} | {final.name: rows}
+    write_text_atomic(archive / ROWS_FILE, "".join(f"{name} {n}\n" for name, n in sorted(noted.items())))
+    COMPACT_LOG.info("archive of log %r: merged %d segments into %s (%d messages)", archive.name, len(paths),
+                     final.name, rows)
+    return len(paths)

@@ -44,7 +44,7 @@ from transforms.ingestion.log import (
     grid,
     messages_per_trigger,
 )
-from transforms.ingestion.segments import parse_segment_name, segment_name
+from transforms.ingestion.segments import covering, outermost, parse_segment_name, segment_name
 from transforms.settings import Settings
 
 __all__ = ["LANDING_DDL", "LANDING_SCHEMA", "Lander", "LandingBusy", "LandingLog"]
@@ -72,13 +72,15 @@ class LandingBusy(RuntimeError):
 def list_segments(settings: Settings, group: str | None = None, archived: bool = True) -> list[Path]:
     """The closed segments of a log (or of every log), in sequence order: the live ones the queries
     read (`landing/<log>/`) and, with `archived`, those every query has committed, moved out of the
-    queries' way (`landing-archive/<log>/`, see archive.py). Both together are the whole log."""
+    queries' way (`landing-archive/<log>/`, see archive.py). Both together are the whole log, each message
+    once: segments a merged archive segment holds, left by a compaction cut short, are not listed."""
     groups = [group] if group else sorted(settings.registry.logs)
     roots = [settings.landing, settings.landing_archive] if archived else [settings.landing]
     out: list[Path] = []
     for g in groups:
-        found = [p for root in roots if (root / g).is_dir() for p in (root / g).iterdir() if parse_segment_name(p.name)]
-        out.extend(sorted(found, key=lambda p: parse_segment_name(p.name)))
+        found = [(*seqs, p) for root in roots if (root / g).is_dir()
+                 for p in (root / g).iterdir() if (seqs := parse_segment_name(p.name))]
+        out.extend(r[2] for r in outermost(found))
     return out
 
 
@@ -421,24 +423,6 @@ class LandingOutOfOrder(RuntimeError):
     """A keyed query read a later part of its log before an earlier one."""
 
 
-def last_read_seq(read: set[str]) -> int | None:
-    """The last sequence number of the segments a query has read (None: none yet)."""
-    return max((parse_segment_name(name)[1] for name in read), default=None)
-
-
-def reads_archive(settings: Settings, group: str, read: set[str]) -> bool:
-    """Whether a query that has read the segments `read` of log `group` must still list the archive: it
-    holds a segment after the last one the query read. True for a query that read nothing yet (it
-    starts from the beginning) and for one stopped partway through the archive, however many batches
-    it committed; once false it stays false, since only segments every query committed are archived
-    (archive.py) and a query reads its log in sequence order."""
-    archive = settings.landing_archive / group
-    if not archive.is_dir():
-        return False
-    last = last_read_seq(read)
-    return any((seqs := parse_segment_name(p.name)) and (last is None or seqs[0] > last) for p in archive.iterdir())
-
-
 def order_unread_segments(settings: Settings, plan, read: set[str], with_archive: bool) -> int:
     """Make the segments `plan`'s query has not read yet (`read`: those it has) come to it in sequence
     order; returns how many were given new modification times (0 when they were in order).
@@ -448,6 +432,8 @@ def order_unread_segments(settings: Settings, plan, read: set[str], with_archive
     of order, and keyed state would cut its windows wrong. Their times are set again, in sequence order,
     ending now (no query reads a file it has read again for a new time: see NEVER_FORGET). Raises
     LandingOutOfOrder if a keyed query already read past a segment it has not read."""
+    from transforms.ingestion.archive import last_read_seq
+
     unread = [p for p in list_segments(settings, plan.group, archived=with_archive) if p.name not in read]
     if read and plan.keyed:
         last_read = last_read_seq(read)
@@ -482,11 +468,24 @@ def read_landed(settings: Settings, group: str) -> pa.Table:
 
 
 def read_segment(settings: Settings, path: Path, **kwargs) -> pa.Table:
-    """A segment's rows; if a running serve archived it since it was listed, from the archive."""
+    """A segment's rows; if a running serve archived it since it was listed, from the archive, and if
+    the archive merged it since, its rows of the merged segment."""
+    archive = settings.landing_archive / path.parent.name
     try:
         return pq.read_table(path, **kwargs)
     except FileNotFoundError:
-        return pq.read_table(settings.landing_archive / path.parent.name / path.name, **kwargs)
+        pass
+    try:
+        return pq.read_table(archive / path.name, **kwargs)
+    except FileNotFoundError:
+        from transforms.ingestion.archive import archived_ranges
+
+        first, last = parse_segment_name(path.name)
+        merged = covering(archived_ranges(archive), first, last)
+        if merged is None:
+            raise
+    filters = [("seq", ">=", first), ("seq", "<=", last), *kwargs.pop("filters", [])]
+    return pq.read_table(archive / merged, filters=filters, **kwargs)
 
 
 def payloads_for(settings: Settings, group: str, seqs: list[int]) -> dict[int, bytes]:
@@ -547,12 +546,13 @@ class LandingLog(Log):
 
     def source(self, spark, plan):
         from transforms.engine.checkpoints import processed_segments
-        from transforms.ingestion.archive import forget_archived
+        from transforms.ingestion.archive import forget_archived, note_listing, reads_archive
 
         settings = self.settings
         (settings.landing / plan.group).mkdir(parents=True, exist_ok=True)
         read = processed_segments(plan.checkpoint(settings))[1]
         with_archive = reads_archive(settings, plan.group, read)
+        note_listing(settings, plan, with_archive)  # before it lists: the archive is not compacted under it
         if not with_archive:
             forget_archived(settings, plan)
         if restamped := order_unread_segments(settings, plan, read, with_archive):
@@ -571,6 +571,7 @@ class LandingLog(Log):
 
     def caught_up(self, plan) -> bool:
         from transforms.engine.checkpoints import processed_segments
+        from transforms.ingestion.archive import reads_archive
 
         processed = processed_segments(plan.checkpoint(self.settings))[1]
         if reads_archive(self.settings, plan.group, processed):  # see landing_path
@@ -585,16 +586,28 @@ class LandingLog(Log):
 
     def reached(self, plan, position: set[str]) -> bool:
         from transforms.engine.checkpoints import processed_segments
+        from transforms.ingestion.archive import archived_names
 
         processed = processed_segments(plan.checkpoint(self.settings))[1]
-        # A segment archived since is one every query committed (its name may be forgotten: archive.py).
-        archive = self.settings.landing_archive / plan.group
-        return all(name in processed or (archive / name).exists() for name in position)
+        # A segment archived since is one every query committed (its name may be forgotten, or merged
+        # into a larger segment: archive.py).
+        archived = archived_names(self.settings.landing_archive / plan.group)
+        return all(name in processed or archived(name) for name in position)
 
     def upkeep(self, plans: list) -> int:
-        from transforms.ingestion.archive import archive_committed
+        from transforms.ingestion.archive import archive_committed, compact_archive
 
-        return sum(archive_committed(self.settings, plans).values())
+        moved = archive_committed(self.settings, plans)
+        for log in sorted({p.group for p in plans} | moved.keys()):
+            compact_archive(self.settings, log)
+        return sum(moved.values())
+
+    def source_outgrown(self, plan) -> bool:
+        from transforms.engine.checkpoints import processed_segments
+        from transforms.ingestion.archive import lists_archive, reads_archive
+
+        return lists_archive(self.settings, plan) and not reads_archive(
+            self.settings, plan.group, processed_segments(plan.checkpoint(self.settings))[1])
 
     def read(self, group: str, columns: list[str] | None = None) -> pa.Table:
         if columns is None:
@@ -717,6 +730,7 @@ def _progress(settings: Settings, plan, log: _LogFiles) -> Progress:
     committed batch (engine/checkpoints.py); the rest of the log's segments, plus the open journals,
     are the lag."""
     from transforms.engine.checkpoints import processed_segments
+    from transforms.ingestion.archive import last_read_seq
 
     committed, names = processed_segments(plan.checkpoint(settings))
     streams = list(plan.streams)

@@ -224,6 +224,11 @@ class Log(ABC):
         """The log's own upkeep under `serve` (what every query committed); returns how much it did."""
         return 0
 
+    def source_outgrown(self, plan) -> bool:
+        """Whether the plan's running query was set up to read more than it still may (the landing: it
+        lists the archive, and has read all of it), so that a restart would let the log's upkeep go on."""
+        return False
+
 
 def grid(headers: list[str], rows: list[list], left: tuple[int, ...] = (0,)) -> list[str]:
     """Columns padded to their widest cell; the columns at `left` left-aligned, the rest (numbers) right."""

@@ -1,6 +1,10 @@
 """Archiving the landing: segments every query has committed leave the folder Spark lists, and the log
 stays whole for everything else (a new query, recovery, readers). Real Spark, real files."""
 
+import contextlib
+import os
+from pathlib import Path
+
 import pyarrow as pa
 import pytest
 
@@ -9,8 +13,18 @@ from transforms import lake
 from transforms.api import Application, DeltaSink, source
 from transforms.engine import plan_queries, run_application
 from transforms.ingestion import open_log
-from transforms.ingestion.archive import ROWS_FILE, archive_committed, archived_rows
-from transforms.ingestion.landing import Lander, list_segments, read_landed
+from transforms.ingestion.archive import (
+    ROWS_FILE,
+    archive_committed,
+    archive_segments,
+    archived_names,
+    archived_rows,
+    compact_archive,
+    lists_archive,
+    note_listing,
+)
+from transforms.ingestion.landing import Lander, list_segments, payloads_for, read_landed, read_segment
+from transforms.ingestion.segments import segment_name
 from transforms.streams import bronze_application
 
 COMPACT_INTERVAL = "spark.sql.streaming.fileSource.log.compactInterval"
@@ -151,3 +165,176 @@ def test_a_query_forgets_the_archived_segments_it_read_and_reads_nothing_twice(s
         assert lake.count(settings.table_path(settings.registry.stream("text").bronze_table)) == 9
     finally:
         spark.conf.unset(COMPACT_INTERVAL)
+
+
+# -- compaction ------------------------------------------------------------------------------------------
+def _archived_log(settings, n: int) -> list[dict]:
+    """`n` one-message segments of log `text`, all moved to the archive; the log's rows as read."""
+    for i in range(n):
+        land(settings, "text", [f"m{i} x".encode()])
+    archive_segments(settings, "text", {p.name for p in list_segments(settings, "text")})
+    return read_landed(settings, "text").to_pylist()
+
+
+def test_a_compacted_archive_holds_every_message_once(settings):
+    rows = _archived_log(settings, 12)
+    before = [p.name for p in list_segments(settings, "text")]
+    archive = settings.landing_archive / "text"
+    assert compact_archive(settings, "text", min_files=13) == 0  # fewer segments than that: left as they are
+    assert compact_archive(settings, "text", min_files=12) == 12
+    (merged,) = list_segments(settings, "text")
+    assert merged.name == segment_name(rows[0]["seq"], rows[-1]["seq"]) and merged.parent == archive
+    assert sorted(n for n in os.listdir(archive) if not n.startswith(".")) == [merged.name]
+    assert read_landed(settings, "text").to_pylist() == rows
+    assert archived_rows(archive) == {merged.name: 12}
+    # A reader holding a name it listed before still gets that segment's rows, and only those.
+    gone = settings.landing / "text" / before[3]
+    assert read_segment(settings, gone, columns=["payload"]).to_pylist() == [{"payload": b"m3 x"}]
+    assert payloads_for(settings, "text", [rows[5]["seq"], rows[7]["seq"]]) == {
+        rows[5]["seq"]: b"m5 x", rows[7]["seq"]: b"m7 x"}
+    assert all(archived_names(archive)(name) for name in before)
+    with Lander(settings) as lander:  # sequence numbers go on after the merged segment's
+        assert lander.append("text", b"next") == rows[-1]["seq"] + 1
+
+
+class _Cut(BaseException):
+    """A compaction stopped dead at one of its file operations (as by kill -9 there)."""
+
+
+@pytest.mark.parametrize("cut_at", range(1, 9))
+def test_a_compaction_cut_short_anywhere_leaves_every_message_once(settings, monkeypatch, cut_at):
+    """Five segments merged: the merged file's rename, then the five deletes; cut before each of them and
+    after the last. Readers see each message once at once, and the next compaction finishes the job."""
+    rows = _archived_log(settings, 5)
+    archive = settings.landing_archive / "text"
+    calls = []
+    real_rename, real_unlink = os.rename, Path.unlink
+
+    def counted(real):
+        def op(*args, **kwargs):
+            calls.append(args[0])
+            if len(calls) == cut_at:
+                raise _Cut
+            return real(*args, **kwargs)
+        return op
+
+    monkeypatch.setattr(os, "rename", counted(real_rename))
+    monkeypatch.setattr(Path, "unlink", counted(real_unlink))
+    with pytest.raises(_Cut) if cut_at <= 6 else contextlib.nullcontext():
+        compact_archive(settings, "text", min_files=2)
+    monkeypatch.undo()
+    assert read_landed(settings, "text").to_pylist() == rows
+    names = os.listdir(archive)
+    assert any(n.startswith(".compacting-") for n in names) == (cut_at == 1)  # the write, not yet renamed
+    assert compact_archive(settings, "text", min_files=2) in (0, 5)  # settled (and merged, if cut before it)
+    assert sorted(n for n in os.listdir(archive) if not n.startswith(".")) == [
+        segment_name(rows[0]["seq"], rows[-1]["seq"])]
+    assert read_landed(settings, "text").to_pylist() == rows
+
+
+def test_compaction_waits_while_a_query_lists_the_archive(settings):
+    from transforms.engine.locks import QueryLock
+
+    rows = _archived_log(settings, 4)
+    (plan,) = plan_queries(bronze_application(settings.registry.stream("text")), settings)
+    lock = QueryLock(settings, plan.name)
+    lock.acquire()
+    try:
+        note_listing(settings, plan, True)  # what the query's source says as it starts
+        assert lists_archive(settings, plan)
+        assert compact_archive(settings, "text", min_files=2) == 0
+    finally:
+        lock.release()
+    # Its process let the lock go (stopped or died): the marker no longer holds anything back.
+    assert compact_archive(settings, "text", min_files=2) == 4
+    assert not lists_archive(settings, plan)
+    assert read_landed(settings, "text").to_pylist() == rows
+
+
+@pytest.mark.spark
+def test_queries_read_a_compacted_archive_once(spark, settings):
+    from examples.words import decode_text
+
+    apps = _apps(settings)
+    for i in range(6):
+        land(settings, "text", [f"w{i} common".encode()])
+    for app in apps:
+        run_application(spark, app, settings)
+    assert archive_committed(settings, _plans(settings, apps)) == {"text": 6}
+    assert compact_archive(settings, "text", min_files=2) == 6
+
+    # A query added later reads the merged segment from the beginning; then only what is new.
+    echo = Application("echo", source("text", decoder=decode_text)
+                       .to_sink(DeltaSink("echo_lines", schema=pa.schema([("text", pa.string())]))))
+    run_application(spark, echo, settings)
+    assert lake.count(settings.table_path("echo_lines")) == 6
+    land(settings, "text", [b"w6 common"])
+    for app in [*apps, echo]:
+        run_application(spark, app, settings)
+    assert archive_committed(settings, _plans(settings, [*apps, echo])) == {"text": 1}
+    assert compact_archive(settings, "text", min_files=2) == 2  # the merged segment and the new one, again
+
+    land(settings, "text", [b"w7 common"])
+    for app in [*apps, echo]:  # each query read the merged segments' messages already: none twice
+        run_application(spark, app, settings)
+    assert sorted(r["text"] for r in lake.read(settings.table_path("echo_lines")).to_pylist()) == [
+        f"w{i} common" for i in range(8)]
+    assert lake.count(settings.table_path(settings.registry.stream("text").bronze_table)) == 8
+    totals = {r["word"]: r["count"] for r in lake.read(settings.table_path("word_totals")).to_pylist()}
+    assert totals == {"common": 8, **{f"w{i}": 1 for i in range(8)}}
+    plans = _plans(settings, [*apps, echo])
+    _, progress = open_log(settings).status(plans, 0.0)
+    assert all(p.lag_messages == 0 for p in progress.values())
+    every = {s.name for s in list_segments(settings, "text")}
+    assert all(open_log(settings).caught_up(p) and open_log(settings).reached(p, every) for p in plans)
+
+
+@pytest.mark.spark
+def test_a_query_partway_through_the_archive_holds_compaction_back_until_it_has_read_it(spark, settings):
+    import dataclasses
+    import time
+
+    from examples.words import decode_text
+    from transforms.engine.checkpoints import has_commits
+    from transforms.engine.live import LiveQuery
+
+    apps = _apps(settings)[:1]
+    for i in range(4):
+        land(settings, "text", [f"line {i}".encode()])
+    run_application(spark, apps[0], settings)
+    assert archive_committed(settings, _plans(settings, apps)) == {"text": 4}
+
+    echo = Application("echo", source("text", decoder=decode_text)
+                       .to_sink(DeltaSink("echo_lines", schema=pa.schema([("text", pa.string())]))))
+    bounded = dataclasses.replace(settings, max_files_per_trigger=1)  # a segment a batch
+    (plan,) = plan_queries(echo, bounded)
+    live = LiveQuery(spark, plan, bounded, {}, trigger_seconds=0.5, say=lambda _: None)
+    try:
+        deadline = time.monotonic() + 120
+        while not has_commits(plan.checkpoint(bounded)) and time.monotonic() < deadline:
+            live.poll()
+            time.sleep(0.05)
+        assert compact_archive(settings, "text", min_files=2) == 0  # it lists the archive, as it was
+        while not open_log(bounded).caught_up(plan) and time.monotonic() < deadline:
+            live.poll()
+            time.sleep(0.05)
+        assert compact_archive(settings, "text", min_files=2) == 0  # read, but still listed by its source
+        assert live.restart_if_source_outgrown()  # as `serve` does every archive round
+        assert not lists_archive(bounded, plan) and not live.restart_if_source_outgrown()
+        assert compact_archive(settings, "text", min_files=2) == 4
+        land(settings, "text", [b"line 4"])
+        while lake.count(settings.table_path("echo_lines")) < 5 and time.monotonic() < deadline:
+            live.poll()
+            time.sleep(0.05)
+    finally:
+        live.stop()
+    assert sorted(r["text"] for r in lake.read(settings.table_path("echo_lines")).to_pylist()) == [
+        f"line {i}" for i in range(5)]
+
+
+def test_a_compaction_threshold_of_one_segment_is_refused_with_the_variable_named():
+    from transforms.settings import ConfigError, Settings
+
+    with pytest.raises(ConfigError, match="EVENTIDE_ARCHIVE_COMPACT_FILES=1: must be 0"):
+        Settings.from_env({"EVENTIDE_ARCHIVE_COMPACT_FILES": "1"})
+    assert Settings.from_env({"EVENTIDE_ARCHIVE_COMPACT_FILES": "0"}).archive_compact_files == 0
