@@ -23,6 +23,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -149,8 +150,12 @@ def archived_rows(archive: Path) -> dict[str, int]:
 
 
 # -- compaction ------------------------------------------------------------------------------------------
-# A merged segment's target size: runs of archived segments are cut at about this many bytes.
+# A merged segment's target size: runs of archived segments are cut at about this many bytes, or this many
+# files (a small segment costs about 1 ms to open, read and delete: a run about 2 s here), so that a round
+# of serve's main loop, which archives every 10 s, merges no more than a run once it has taken a while.
 COMPACT_TARGET_BYTES = 128 * 1024 * 1024
+COMPACT_RUN_FILES = 2_000
+COMPACT_ROUND_SECONDS = 2.0
 LOCK_FILE = ".lock"  # compaction holds it exclusively; a query taking up the archive, briefly shared
 LISTING = ".listing"  # a file per query that lists the archive (named for the query) while it runs
 COMPACTING = ".compacting-"  # a merged segment being written (hidden: Spark's listing skips dot files)
@@ -229,10 +234,25 @@ def compact_archive(settings: Settings, log: str, min_files: int | None = None) 
         if not locked:  # a query is taking the archive up: the next round
             return 0
         _settle(archive)
-        if readers := _readers_of_archive(settings, log, archive):
-            COMPACT_LOG.debug("archive of log %r not compacted: %s may still read it as it is", log, readers)
+        listing, partway = _readers_of_archive(settings, log, archive)
+        if partway and _BLOCKED_SAID.get(str(archive)) != partway:  # once per set of queries, not every round
+            COMPACT_LOG.warning(
+                "the landing archive of log %r (%d segments) is not compacted while %s, stopped partway through "
+                "it, may still read it as it is: run it again (`eventide run`, or serve) and it reads the rest; "
+                "if its app is gone, remove its checkpoint under %s", log, _segment_files(archive),
+                ", ".join(partway), settings.checkpoints)
+        _BLOCKED_SAID[str(archive)] = partway
+        if listing or partway:
             return 0
-        return sum(_merge(archive, run) for run in _runs(archive, archived_ranges(archive)))
+        merged, start = 0, time.monotonic()
+        for run in _runs(archive, archived_ranges(archive)):
+            merged += _merge(archive, run)
+            if time.monotonic() - start >= COMPACT_ROUND_SECONDS:  # the rest in the next rounds
+                break
+        return merged
+
+
+_BLOCKED_SAID: dict[str, list[str]] = {}  # archive -> the readers a warning last named
 
 
 def _segment_files(archive: Path) -> int:
@@ -259,31 +279,33 @@ def _settle(archive: Path) -> None:
                             archive.name, len(inner))
 
 
-def _readers_of_archive(settings: Settings, log: str, archive: Path) -> list[str]:
-    """Queries that may still see the archive's files as new, so that merging them would be read twice: one
-    that lists the archive now (its marker, and its lock held), and one stopped partway through it (its
-    checkpoint committed less than the whole archive; one planned but not committed may replay its files)."""
-    readers = []
+def _readers_of_archive(settings: Settings, log: str, archive: Path) -> tuple[list[str], list[str]]:
+    """Queries that may still see the archive's files as new, so that merging them would be read twice:
+    those listing the archive now (a marker, and the query's lock held), and those stopped partway through
+    it (a checkpoint that committed less than the whole archive; one planned, not committed, may replay
+    its files)."""
+    listing = []
     for marker in (archive / LISTING).iterdir() if (archive / LISTING).is_dir() else ():
         if holder_of(settings, marker.name) is not None:
-            readers.append(marker.name)
+            listing.append(marker.name)
         else:  # its process stopped without saying: the lock is what tells
             with contextlib.suppress(FileNotFoundError):
                 marker.unlink()
-    for ckpt in latest_checkpoints(settings.checkpoints):
-        if landing_log_of(ckpt) == log and reads_archive(settings, log, processed_segments(ckpt)[1]):
-            readers.append(ckpt.parent.name)
-    return readers
+    partway = [ckpt.parent.name for ckpt in latest_checkpoints(settings.checkpoints)
+               if landing_log_of(ckpt) == log and ckpt.parent.name not in listing
+               and reads_archive(settings, log, processed_segments(ckpt)[1])]
+    return listing, partway
 
 
 def _runs(archive: Path, ranges: list[tuple[int, int, str]]) -> list[list[tuple[int, int, str]]]:
-    """Runs of consecutive segments, each cut once it reaches COMPACT_TARGET_BYTES; those of two segments or
-    more are merged (a merged segment under that size is merged again with the segments after it)."""
+    """Runs of consecutive segments, each cut once it reaches COMPACT_TARGET_BYTES or COMPACT_RUN_FILES; those
+    of two segments or more are merged (a merged segment under that size is merged again with the segments
+    after it)."""
     runs, run, size = [], [], 0
     for r in ranges:
         run.append(r)
         size += (archive / r[2]).stat().st_size
-        if size >= COMPACT_TARGET_BYTES:
+        if size >= COMPACT_TARGET_BYTES or len(run) >= COMPACT_RUN_FILES:
             runs.append(run)
             run, size = [], 0
     runs.append(run)
@@ -304,7 +326,7 @@ def _merge(archive: Path, run: list[tuple[int, int, str]]) -> int:
         with pq.ParquetWriter(f, pq.read_schema(paths[0]), compression="zstd") as writer:
             buffered, size = [], 0
             for i, p in enumerate(paths):
-                buffered.append(pq.read_table(p))
+                buffered.append(pq.ParquetFile(p).read())  # half read_table's cost on a small file
                 size += buffered[-1].nbytes
                 if i == len(paths) - 1 or size >= 64 * 1024 * 1024:
                     table = pa.concat_tables(buffered)

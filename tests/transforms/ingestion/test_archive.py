@@ -197,6 +197,22 @@ def test_a_compacted_archive_holds_every_message_once(settings):
         assert lander.append("text", b"next") == rows[-1]["seq"] + 1
 
 
+def test_a_long_archive_is_merged_a_bounded_run_at_a_time(settings, monkeypatch):
+    """serve's main loop archives every 10 s: one round merges runs of COMPACT_RUN_FILES at most, and starts
+    no other once COMPACT_ROUND_SECONDS have gone; the next rounds go on, and merged runs merge again."""
+    from transforms.ingestion import archive as archive_module
+
+    rows = _archived_log(settings, 7)
+    monkeypatch.setattr(archive_module, "COMPACT_RUN_FILES", 3)
+    monkeypatch.setattr(archive_module, "COMPACT_ROUND_SECONDS", 0.0)
+    spans = []
+    for _ in range(4):
+        compact_archive(settings, "text", min_files=2)
+        spans.append([len(read_segment(settings, p)) for p in list_segments(settings, "text")])
+        assert read_landed(settings, "text").to_pylist() == rows
+    assert spans == [[3, 1, 1, 1, 1], [5, 1, 1], [7], [7]]  # runs of three files, one a round
+
+
 class _Cut(BaseException):
     """A compaction stopped dead at one of its file operations (as by kill -9 there)."""
 
@@ -290,8 +306,9 @@ def test_queries_read_a_compacted_archive_once(spark, settings):
 
 
 @pytest.mark.spark
-def test_a_query_partway_through_the_archive_holds_compaction_back_until_it_has_read_it(spark, settings):
+def test_a_query_partway_through_the_archive_holds_compaction_back_until_it_has_read_it(spark, settings, caplog):
     import dataclasses
+    import logging
     import time
 
     from examples.words import decode_text
@@ -308,13 +325,21 @@ def test_a_query_partway_through_the_archive_holds_compaction_back_until_it_has_
                        .to_sink(DeltaSink("echo_lines", schema=pa.schema([("text", pa.string())]))))
     bounded = dataclasses.replace(settings, max_files_per_trigger=1)  # a segment a batch
     (plan,) = plan_queries(echo, bounded)
-    live = LiveQuery(spark, plan, bounded, {}, trigger_seconds=0.5, say=lambda _: None)
+    deadline = time.monotonic() + 120
+    live = LiveQuery(spark, plan, bounded, {}, trigger_seconds=60, say=lambda _: None)  # a batch, then a wait
     try:
-        deadline = time.monotonic() + 120
         while not has_commits(plan.checkpoint(bounded)) and time.monotonic() < deadline:
             live.poll()
             time.sleep(0.05)
         assert compact_archive(settings, "text", min_files=2) == 0  # it lists the archive, as it was
+    finally:
+        live.stop()
+    with caplog.at_level(logging.WARNING, logger="eventide.landing.archive"):
+        assert compact_archive(settings, "text", min_files=2) == 0  # stopped partway: it would list it again
+    assert "echo" in caplog.text and "stopped partway through it" in caplog.text and "run it again" in caplog.text
+
+    live = LiveQuery(spark, plan, bounded, {}, trigger_seconds=0.5, say=lambda _: None)
+    try:
         while not open_log(bounded).caught_up(plan) and time.monotonic() < deadline:
             live.poll()
             time.sleep(0.05)
