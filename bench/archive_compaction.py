@@ -17,11 +17,12 @@ home, one process and one warm Spark session (`local[2]`, a small run first to w
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import tempfile
 import time
 from pathlib import Path
+
+from bench import report
 
 
 def _echo_app():
@@ -106,10 +107,7 @@ def main() -> None:
     args = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="eventide-archive-bench-") as tmp:
         result = measure(args.segments, args.messages, Path(tmp))
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    report(result, args.out)
 
 
 if __name__ == "__main__":

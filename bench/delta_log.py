@@ -20,6 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench import report
+
 
 def measure(counts: list[int], root: Path) -> list[dict]:
     from transforms import lake
@@ -64,8 +66,7 @@ def main(argv: list[str] | None = None) -> None:
         result = measure([int(n) for n in args.files.split(",")], root)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    if args.out:
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
+    report(result, args.out)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench import report
+
 
 def _query(spark, landing: Path, checkpoint: Path, out: Path):
     return (spark.readStream.schema("x long").option("maxFileAge", "36500d").option("maxFilesPerTrigger", 1)
@@ -155,9 +157,7 @@ def main(argv: list[str] | None = None) -> None:
                   "archive": measure_status(args.segments, root / "archive")}
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    print(json.dumps(result))
-    if args.out:
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
+    report(result, args.out)
 
 
 if __name__ == "__main__":

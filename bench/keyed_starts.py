@@ -24,6 +24,7 @@ import threading
 import time
 from pathlib import Path
 
+from bench import report
 from bench.processes import REPO, child_env
 
 DRIVER_WORKER = b"transform_with_state_driver_worker"
@@ -114,10 +115,7 @@ def main() -> None:
                for side, ps in sides.items()}
     result = {"benchmark": "keyed_starts", "runs_per_process": args.runs, **summary,
               "steady_run_saved_s": round(summary["cold"]["steady_run_s"] - summary["zygote"]["steady_run_s"], 3)}
-    text = json.dumps(result, indent=1)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    report(result, args.out)
 
 
 if __name__ == "__main__":

@@ -12,12 +12,12 @@ A side is `NAME=VALUE` settings separated by `;` (empty: the defaults). Wall sec
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
 from pathlib import Path
 
+from bench import report
 from bench.processes import child_env, eventide_cmd, fresh_home, timed_process
 
 
@@ -62,10 +62,7 @@ def main() -> None:
     if not (args.home / "landing").is_dir():
         raise SystemExit(f"bench.pairs: {args.home} has no landing/; land one with `bench.peers ... --keep`")
     results = run_pairs(args.home, args.app, args.pairs, args.a, args.b)
-    text = json.dumps(results, indent=2)
-    if args.out:
-        args.out.write_text(text + "\n")
-    print(text)
+    report(results, args.out)
 
 
 if __name__ == "__main__":

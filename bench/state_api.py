@@ -12,7 +12,6 @@ counter at N / 8).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -20,6 +19,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from bench import report
 
 GROUPS = 8
 
@@ -118,9 +119,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{form} {i}: {times[form][-1]:.2f} s", flush=True)
         result = {"pyspark": pyspark.__version__, "rows": args.rows, "groups": GROUPS, "seconds": times,
                   "row_over_pandas": round(statistics.median(times["row"]) / statistics.median(times["pandas"]), 2)}
-        print(json.dumps(result))
-        if args.out:
-            args.out.write_text(json.dumps(result, indent=2) + "\n")
+        report(result, args.out)
         return 0
     finally:
         shutil.rmtree(root, ignore_errors=True)
