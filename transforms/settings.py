@@ -145,8 +145,8 @@ class Settings:
     # reads every query's list every 10 s to archive: about 0.1 s at that size). 0 = never.
     file_list_restart_mb: float = 4.0
     # `eventide serve`: once a log's archive holds this many segments, runs of them are merged into
-    # segments of about 128 MB (ingestion/archive.py, compact_archive): a day of one busy log would be
-    # 345,600 small files for a new query, a replay or a recovery to list. 0 = never.
+    # segments of at most a query's batch (ingestion/archive.py, compact_archive): a day of one busy log
+    # would be 345,600 small files for a new query, a replay or a recovery to list. 0 = never.
     archive_compact_files: int = 1000
     # `eventide serve`: at most one Dagster event per table in this many seconds.
     report_interval: float = 5.0

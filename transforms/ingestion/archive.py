@@ -150,7 +150,7 @@ def archived_rows(archive: Path) -> dict[str, int]:
 
 
 # -- compaction ------------------------------------------------------------------------------------------
-# A merged segment's target size: runs of archived segments are cut at about this many bytes, or this many
+# A merged segment's largest size (and no larger than a query's batch may be: see _runs), and a run's most
 # files (a small segment costs about 1 ms to open, read and delete: a run about 2 s here), so that a round
 # of serve's main loop, which archives every 10 s, merges no more than a run once it has taken a while.
 COMPACT_TARGET_BYTES = 128 * 1024 * 1024
@@ -245,7 +245,8 @@ def compact_archive(settings: Settings, log: str, min_files: int | None = None) 
         if listing or partway:
             return 0
         merged, start = 0, time.monotonic()
-        for run in _runs(archive, archived_ranges(archive)):
+        max_bytes = min(COMPACT_TARGET_BYTES, settings.max_bytes_per_trigger or COMPACT_TARGET_BYTES)
+        for run in _runs(archive, archived_ranges(archive), max_bytes, settings.max_messages_per_trigger):
             merged += _merge(archive, run)
             if time.monotonic() - start >= COMPACT_ROUND_SECONDS:  # the rest in the next rounds
                 break
@@ -297,17 +298,26 @@ def _readers_of_archive(settings: Settings, log: str, archive: Path) -> tuple[li
     return listing, partway
 
 
-def _runs(archive: Path, ranges: list[tuple[int, int, str]]) -> list[list[tuple[int, int, str]]]:
-    """Runs of consecutive segments, each cut once it reaches COMPACT_TARGET_BYTES or COMPACT_RUN_FILES; those
-    of two segments or more are merged (a merged segment under that size is merged again with the segments
-    after it)."""
-    runs, run, size = [], [], 0
+def _runs(archive: Path, ranges: list[tuple[int, int, str]], max_bytes: int, max_rows: int) -> list[list[tuple]]:
+    """Runs of consecutive segments to merge, each within `max_bytes` and `max_rows` (0: no bound) and
+    COMPACT_RUN_FILES: a query's batch bound (EVENTIDE_MAX_BYTES_PER_TRIGGER, _MESSAGES_PER_TRIGGER) cannot
+    split a file, so a merged segment must not hold more than one batch may. Runs of one segment are left
+    as they are (a merged segment under the bounds is merged again with the segments after it)."""
+    noted = archived_rows(archive)
+    runs, run, size, rows = [], [], 0, 0
     for r in ranges:
-        run.append(r)
-        size += (archive / r[2]).stat().st_size
-        if size >= COMPACT_TARGET_BYTES or len(run) >= COMPACT_RUN_FILES:
+        n_bytes = (archive / r[2]).stat().st_size
+        n_rows = noted.get(r[2])
+        if n_rows is None:
+            import pyarrow.parquet as pq
+
+            n_rows = pq.read_metadata(archive / r[2]).num_rows
+        if run and ((max_bytes and size + n_bytes > max_bytes) or (max_rows and rows + n_rows > max_rows)
+                    or len(run) >= COMPACT_RUN_FILES):
             runs.append(run)
-            run, size = [], 0
+            run, size, rows = [], 0, 0
+        run.append(r)
+        size, rows = size + n_bytes, rows + n_rows
     runs.append(run)
     return [r for r in runs if len(r) >= 2]
 

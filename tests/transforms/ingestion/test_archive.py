@@ -213,6 +213,19 @@ def test_a_long_archive_is_merged_a_bounded_run_at_a_time(settings, monkeypatch)
     assert spans == [[3, 1, 1, 1, 1], [5, 1, 1], [7], [7]]  # runs of three files, one a round
 
 
+def test_a_merged_segment_holds_no_more_than_a_querys_batch_may(settings):
+    """Spark's file source cannot split a file between batches: a merged segment stays within the batch
+    bounds (EVENTIDE_MAX_MESSAGES_PER_TRIGGER here), so a query reading the archive keeps them."""
+    import dataclasses
+
+    rows = _archived_log(settings, 12)
+    bounded = dataclasses.replace(settings, max_messages_per_trigger=5)
+    assert compact_archive(bounded, "text", min_files=2) == 12
+    assert [len(read_segment(settings, p)) for p in list_segments(settings, "text")] == [5, 5, 2]
+    assert compact_archive(bounded, "text", min_files=2) == 0  # full runs are not merged again
+    assert read_landed(settings, "text").to_pylist() == rows
+
+
 class _Cut(BaseException):
     """A compaction stopped dead at one of its file operations (as by kill -9 there)."""
 
