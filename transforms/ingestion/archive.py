@@ -156,7 +156,7 @@ def archived_rows(archive: Path) -> dict[str, int]:
 COMPACT_TARGET_BYTES = 128 * 1024 * 1024
 COMPACT_RUN_FILES = 2_000
 COMPACT_ROUND_SECONDS = 2.0
-LOCK_FILE = ".lock"  # compaction holds it exclusively; a query taking up the archive, briefly shared
+LOCK_FILE = ".lock"  # held by a compaction, and briefly by a query's start as it takes up the archive
 LISTING = ".listing"  # a file per query that lists the archive (named for the query) while it runs
 COMPACTING = ".compacting-"  # a merged segment being written (hidden: Spark's listing skips dot files)
 
@@ -183,12 +183,12 @@ def archived_names(archive: Path) -> Callable[[str], bool]:
 
 
 @contextlib.contextmanager
-def _archive_lock(archive: Path, exclusive: bool, wait: bool = True) -> Iterator[bool]:
+def _archive_lock(archive: Path, wait: bool = True) -> Iterator[bool]:
+    """The archive's lock (flock: a holder that dies lets go); yields whether it was taken."""
     archive.mkdir(parents=True, exist_ok=True)
     with open(archive / LOCK_FILE, "a") as f:
-        flags = (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | (0 if wait else fcntl.LOCK_NB)
         try:
-            fcntl.flock(f, flags)
+            fcntl.flock(f, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         except BlockingIOError:
             yield False
             return
@@ -209,10 +209,10 @@ def note_listing(settings: Settings, plan: QueryPlan, lists_archive: bool) -> No
         with contextlib.suppress(FileNotFoundError):
             marker.unlink()
         return
-    with _archive_lock(archive, exclusive=True):
+    with _archive_lock(archive):
         _settle(archive)
         marker.parent.mkdir(exist_ok=True)
-        marker.write_text(str(os.getpid()))
+        marker.touch()
 
 
 def lists_archive(settings: Settings, plan: QueryPlan) -> bool:
@@ -230,7 +230,7 @@ def compact_archive(settings: Settings, log: str, min_files: int | None = None) 
     archive = settings.landing_archive / log
     if not min_files or _segment_files(archive) < min_files:  # the common case, every 10 s: one listing
         return 0
-    with _archive_lock(archive, exclusive=True, wait=False) as locked:
+    with _archive_lock(archive, wait=False) as locked:
         if not locked:  # a query is taking the archive up: the next round
             return 0
         _settle(archive)
@@ -303,14 +303,14 @@ def _runs(archive: Path, ranges: list[tuple[int, int, str]], max_bytes: int, max
     COMPACT_RUN_FILES: a query's batch bound (EVENTIDE_MAX_BYTES_PER_TRIGGER, _MESSAGES_PER_TRIGGER) cannot
     split a file, so a merged segment must not hold more than one batch may. Runs of one segment are left
     as they are (a merged segment under the bounds is merged again with the segments after it)."""
+    import pyarrow.parquet as pq
+
     noted = archived_rows(archive)
     runs, run, size, rows = [], [], 0, 0
     for r in ranges:
         n_bytes = (archive / r[2]).stat().st_size
         n_rows = noted.get(r[2])
-        if n_rows is None:
-            import pyarrow.parquet as pq
-
+        if n_rows is None:  # not noted (a crash between a move and its note): from the footer
             n_rows = pq.read_metadata(archive / r[2]).num_rows
         if run and ((max_bytes and size + n_bytes > max_bytes) or (max_rows and rows + n_rows > max_rows)
                     or len(run) >= COMPACT_RUN_FILES):

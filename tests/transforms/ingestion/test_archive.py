@@ -230,7 +230,7 @@ class _Cut(BaseException):
     """A compaction stopped dead at one of its file operations (as by kill -9 there)."""
 
 
-@pytest.mark.parametrize("cut_at", range(1, 9))
+@pytest.mark.parametrize("cut_at", range(1, 8))
 def test_a_compaction_cut_short_anywhere_leaves_every_message_once(settings, monkeypatch, cut_at):
     """Five segments merged: the merged file's rename, then the five deletes; cut before each of them and
     after the last. Readers see each message once at once, and the next compaction finishes the job."""
@@ -255,7 +255,8 @@ def test_a_compaction_cut_short_anywhere_leaves_every_message_once(settings, mon
     assert read_landed(settings, "text").to_pylist() == rows
     names = os.listdir(archive)
     assert any(n.startswith(".compacting-") for n in names) == (cut_at == 1)  # the write, not yet renamed
-    assert compact_archive(settings, "text", min_files=2) in (0, 5)  # settled (and merged, if cut before it)
+    # Settled: merged again if cut before the merged file was in place; else only its leftovers deleted.
+    assert compact_archive(settings, "text", min_files=2) == (5 if cut_at == 1 else 0)
     assert sorted(n for n in os.listdir(archive) if not n.startswith(".")) == [
         segment_name(rows[0]["seq"], rows[-1]["seq"])]
     assert read_landed(settings, "text").to_pylist() == rows
