@@ -296,7 +296,7 @@ class Service:
                 if q.restart_if_file_list_grew(STOP_GRACE_SECONDS) or q.restart_if_source_outgrown(STOP_GRACE_SECONDS):
                     break
             except OSError as e:  # it goes on as it is; the next round tries again
-                self.say(f"{q.name}: could not measure its checkpoint's list of files: {e}")
+                self.say(f"{q.name}: could not read its checkpoint to see whether to restart it: {e}")
 
     def _follow_main(self) -> None:
         last_schedules = 0.0

@@ -90,11 +90,8 @@ class LiveQuery:
         grown = file_list_bytes(self.plan.checkpoint(self.settings)) - self.file_list_at_start
         if grown < limit:
             return False
-        self.say(f"{self.name}: restarting, so that it forgets the archived segments it read (its checkpoint's "
-                 f"list of files grew {grown / 1e6:.1f} MB)")
-        self._stop_query(grace_seconds)
-        self._start()
-        return True
+        return self._restart(f"so that it forgets the archived segments it read (its checkpoint's list of files "
+                             f"grew {grown / 1e6:.1f} MB)", grace_seconds)
 
     def restart_if_source_outgrown(self, grace_seconds: float = 30.0) -> bool:
         """Restart the query (keeping its lock) once its source reads more than it may still need: a query
@@ -102,7 +99,11 @@ class LiveQuery:
         while it lists it (ingestion/archive.py). Returns whether it restarted."""
         if not self.running or not plan_log(self.settings, self.plan).source_outgrown(self.plan):
             return False
-        self.say(f"{self.name}: restarting, so that it stops listing the landing archive it has read")
+        return self._restart("so that it stops listing the landing archive it has read", grace_seconds)
+
+    def _restart(self, why: str, grace_seconds: float) -> bool:
+        """Stop the query after its batch in flight and start it again, keeping its lock; says why."""
+        self.say(f"{self.name}: restarting, {why}")
         self._stop_query(grace_seconds)
         self._start()
         return True

@@ -36,13 +36,20 @@ def _apps(settings):
     return [bronze_application(settings.registry.stream("text")), word_count]
 
 
+def _echo_app() -> Application:
+    """An app added later: it copies the log's lines to a table, reading the log from the beginning."""
+    from examples.words import decode_text
+
+    return Application("echo", source("text", decoder=decode_text)
+                       .to_sink(DeltaSink("echo_lines", schema=pa.schema([("text", pa.string())]))))
+
+
 def _plans(settings, apps):
     return [p for app in apps for p in plan_queries(app, settings)]
 
 
 @pytest.mark.spark
 def test_committed_segments_are_archived_and_the_log_stays_whole(spark, settings):
-    from examples.words import decode_text
 
     apps = _apps(settings)
     for text in (b"a b", b"b c", b"c d"):
@@ -70,8 +77,7 @@ def test_committed_segments_are_archived_and_the_log_stays_whole(spark, settings
     assert lake.count(settings.table_path(settings.registry.stream("text").bronze_table)) == 4
 
     # A query that has committed nothing reads the archive too: it starts from the beginning.
-    echo = Application("echo", source("text", decoder=decode_text)
-                       .to_sink(DeltaSink("echo_lines", schema=pa.schema([("text", pa.string())]))))
+    echo = _echo_app()
     run_application(spark, echo, settings)
     assert sorted(r["text"] for r in lake.read(settings.table_path("echo_lines")).to_pylist()) == [
         "a b", "b c", "c d", "d e"]
@@ -87,7 +93,6 @@ def test_committed_segments_are_archived_and_the_log_stays_whole(spark, settings
 def test_a_new_query_stopped_partway_through_the_archive_reads_the_rest_when_started_again(spark, settings):
     import dataclasses
 
-    from examples.words import decode_text
     from transforms.engine.checkpoints import has_commits
     from transforms.engine.live import LiveQuery
 
@@ -100,8 +105,7 @@ def test_a_new_query_stopped_partway_through_the_archive_reads_the_rest_when_sta
     assert archive_committed(settings, _plans(settings, apps)) == {"text": 6}
 
     # A query added later starts from the archive, one segment a batch, and is stopped after its first commit.
-    echo = Application("echo", source("text", decoder=decode_text)
-                       .to_sink(DeltaSink("echo_lines", schema=pa.schema([("text", pa.string())]))))
+    echo = _echo_app()
     bounded = dataclasses.replace(settings, max_files_per_trigger=1)
     (plan,) = plan_queries(echo, bounded)
     live = LiveQuery(spark, plan, bounded, {}, trigger_seconds=60)  # one batch, then a minute's wait
@@ -283,7 +287,6 @@ def test_compaction_waits_while_a_query_lists_the_archive(settings):
 
 @pytest.mark.spark
 def test_queries_read_a_compacted_archive_once(spark, settings):
-    from examples.words import decode_text
 
     apps = _apps(settings)
     for i in range(6):
@@ -294,8 +297,7 @@ def test_queries_read_a_compacted_archive_once(spark, settings):
     assert compact_archive(settings, "text", min_files=2) == 6
 
     # A query added later reads the merged segment from the beginning; then only what is new.
-    echo = Application("echo", source("text", decoder=decode_text)
-                       .to_sink(DeltaSink("echo_lines", schema=pa.schema([("text", pa.string())]))))
+    echo = _echo_app()
     run_application(spark, echo, settings)
     assert lake.count(settings.table_path("echo_lines")) == 6
     land(settings, "text", [b"w6 common"])
@@ -325,7 +327,6 @@ def test_a_query_partway_through_the_archive_holds_compaction_back_until_it_has_
     import logging
     import time
 
-    from examples.words import decode_text
     from transforms.engine.checkpoints import has_commits
     from transforms.engine.live import LiveQuery
 
@@ -335,8 +336,7 @@ def test_a_query_partway_through_the_archive_holds_compaction_back_until_it_has_
     run_application(spark, apps[0], settings)
     assert archive_committed(settings, _plans(settings, apps)) == {"text": 4}
 
-    echo = Application("echo", source("text", decoder=decode_text)
-                       .to_sink(DeltaSink("echo_lines", schema=pa.schema([("text", pa.string())]))))
+    echo = _echo_app()
     bounded = dataclasses.replace(settings, max_files_per_trigger=1)  # a segment a batch
     (plan,) = plan_queries(echo, bounded)
     deadline = time.monotonic() + 120
