@@ -653,12 +653,13 @@ class _Segment:
     rows: int
 
 
-def _read(read, archive: Path, path: Path, **kwargs):
-    """`read(path)`, or of the same segment in the archive if a running serve just moved it there."""
+def _footer_rows(settings: Settings, path: Path) -> int:
+    """A segment's row count from its Parquet footer; if a running serve moved or merged it since it was
+    listed, its rows as `read_segment` finds them."""
     try:
-        return read(path, **kwargs)
+        return pq.read_metadata(path).num_rows
     except FileNotFoundError:
-        return read(archive / path.name, **kwargs)
+        return read_segment(settings, path, columns=["seq"]).num_rows
 
 
 class _LogFiles:
@@ -667,7 +668,7 @@ class _LogFiles:
     (its records then also in a segment: dropped from the open ones by sequence)."""
 
     def __init__(self, settings: Settings, log: str, streams: list[str]):
-        self.name, self.streams = log, streams
+        self.settings, self.name, self.streams = settings, log, streams
         self.archive = settings.landing_archive / log
         folder = settings.landing / log
         records = []
@@ -684,7 +685,7 @@ class _LogFiles:
             first, last = parse_segment_name(path.name)
             rows = noted.get(path.name) if path.parent == self.archive else None
             if rows is None:
-                rows = _read(pq.read_metadata, self.archive, path).num_rows
+                rows = _footer_rows(settings, path)
             self.segments.append(_Segment(path, first, last, rows))
         closed = max((s.last for s in self.segments), default=0)
         # (stream, seq, receive time in us) of the records landed but not in a closed segment yet
@@ -707,7 +708,7 @@ class _LogFiles:
         if set(self.streams) <= set(streams):
             return seg.rows
         if seg.path not in self._counts:
-            column = _read(pq.read_table, self.archive, seg.path, columns=["stream"]).column("stream")
+            column = read_segment(self.settings, seg.path, columns=["stream"]).column("stream")
             self._counts[seg.path] = {v["values"]: v["counts"] for v in pc.value_counts(column).to_pylist()}
         return sum(self._counts[seg.path].get(s, 0) for s in streams)
 
@@ -716,8 +717,8 @@ class _LogFiles:
         import pyarrow.compute as pc
 
         filtered = not set(self.streams) <= set(streams)
-        table = _read(pq.read_table, self.archive, seg.path,
-                      columns=["stream", "receive_time"] if filtered else ["receive_time"])
+        table = read_segment(self.settings, seg.path,
+                             columns=["stream", "receive_time"] if filtered else ["receive_time"])
         times = table.column("receive_time")
         if filtered:
             times = times.filter(pc.is_in(table.column("stream"), value_set=pa.array(streams, pa.string())))

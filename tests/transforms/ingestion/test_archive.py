@@ -201,6 +201,32 @@ def test_a_compacted_archive_holds_every_message_once(settings):
         assert lander.append("text", b"next") == rows[-1]["seq"] + 1
 
 
+def test_status_reads_a_log_merged_while_it_reads(settings, monkeypatch):
+    """`eventide status` lists a log's segments, then reads their footers and columns: serve may merge the
+    archive in between. Status then counts each message as it would have, read from the merged segment."""
+    from transforms.ingestion import landing
+
+    for i in range(6):  # the two streams of one log: lag counts and oldest times read the `stream` column
+        land(settings, "orders" if i % 3 else "market_data", [f"m{i}".encode()])
+    log = settings.group_of("orders")
+    archive_segments(settings, log, {p.name for p in list_segments(settings, log)})
+    listed = landing.list_segments
+
+    def listed_then_merged(settings_, group, *args, **kwargs):
+        segments = listed(settings_, group, *args, **kwargs)
+        if group == log:
+            compact_archive(settings, log, min_files=2)
+        return segments
+
+    plans = _plans(settings, [bronze_application(settings.registry.stream(s)) for s in ("market_data", "orders")])
+    expected = open_log(settings).status(plans, 0.0)
+    monkeypatch.setattr(landing, "list_segments", listed_then_merged)
+    raced = open_log(settings).status(plans, 0.0)
+    assert [p.name for p in listed(settings, log)] == [segment_name(1, 6)]  # it did merge in between
+    assert raced == expected
+    assert [raced[1][p.name].lag_messages for p in plans] == [2, 4]
+
+
 def test_a_long_archive_is_merged_a_bounded_run_at_a_time(settings, monkeypatch):
     """serve's main loop archives every 10 s: one round merges runs of COMPACT_RUN_FILES at most, and starts
     no other once COMPACT_ROUND_SECONDS have gone; the next rounds go on, and merged runs merge again."""
