@@ -26,6 +26,17 @@ $(JARS_STAMP): jvm/pom.xml $(STAMP)
 	@$(PY) -c "from pathlib import Path; from transforms.lake.session import prune_jars; prune_jars(Path('$(VENV)/jars'))"
 	@touch $(JARS_STAMP)
 
+# Eventide's Hadoop local file system (jvm/localfs: permissions and links through java.nio, not a chmod or
+# readlink process per file), compiled with the JDK's javac against pyspark's own Hadoop jar into $(VENV)/jars.
+LOCALFS_JAR := $(VENV)/jars/eventide-localfs.jar
+LOCALFS_SRC := $(wildcard jvm/localfs/eventide/hadoop/*.java)
+$(LOCALFS_JAR): $(LOCALFS_SRC) $(JARS_STAMP)
+	@echo "compiling jvm/localfs into $@"
+	@rm -rf $(VENV)/localfs-classes
+	@$(JAVA_HOME)/bin/javac -nowarn --release 17 -d $(VENV)/localfs-classes \
+		-cp "$$($(PY) -c 'import pathlib, pyspark; print(pathlib.Path(pyspark.__file__).parent / "jars" / "*")')" $(LOCALFS_SRC)
+	@$(JAVA_HOME)/bin/jar cf $@ -C $(VENV)/localfs-classes .
+
 # Apache Kafka's broker (jvm/kafka/pom.xml) for `eventide kafka` and the tests, once, into a folder of its
 # own, $(VENV)/kafka-jars: never on Spark's class path (the two need other versions of shared libraries).
 $(KAFKA_JARS_STAMP): jvm/kafka/pom.xml
@@ -47,7 +58,7 @@ $(CHROMIUM):
 # The JVM's class cache (transforms/jvm_cache.py) is recorded by set-up, once per Java and jar set (about
 # 30 s; a second's check after that): else the first JVM to start records it (the demo's, the tests'
 # long-lived shared session) and the others start without it until that claim expires.
-setup: $(STAMP) $(JARS_STAMP) $(KAFKA_JARS_STAMP)
+setup: $(STAMP) $(JARS_STAMP) $(LOCALFS_JAR) $(KAFKA_JARS_STAMP)
 	@$(PY) -m transforms.record_jvm_cache
 
 # The benchmarks' extra (Bytewax, for bench/peers.py): installed by `make bench` only.

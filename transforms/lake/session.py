@@ -69,11 +69,22 @@ def prune_jars(folder: Path) -> list[str]:
 
 FILE_LISTING_TASKS = 8
 
+# jvm/localfs, compiled by `make setup` into the jars folder: Hadoop's local file system with permissions and
+# links through java.nio. Hadoop's own starts a `chmod` or `readlink` process for every file Spark and Delta
+# write or rename on local disk without Hadoop's native library, which pyspark does not ship.
+LOCAL_FS_JAR = "eventide-localfs.jar"
+LOCAL_FS_CONF = {
+    "spark.hadoop.fs.file.impl": "eventide.hadoop.NioLocalFileSystem",  # FileSystem: data files
+    "spark.hadoop.fs.AbstractFileSystem.file.impl": "eventide.hadoop.NioLocalFs",  # FileContext: checkpoints, commits
+}
+
 
 def delta_spark_conf() -> dict[str, str]:
     """The Spark settings under which a session reads and writes Eventide's Delta tables."""
     jars = jar_paths()
+    local_fs = LOCAL_FS_CONF if any(Path(j).name == LOCAL_FS_JAR for j in jars) else {}
     return {
+        **local_fs,
         # The driver loads them with Spark's own (on its class path: the JVM's class-data archive,
         # transforms/jvm_cache.py, then holds Delta's classes too); a cluster's executors fetch spark.jars.
         "spark.driver.extraClassPath": os.pathsep.join(jars),
