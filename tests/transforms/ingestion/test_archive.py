@@ -50,7 +50,6 @@ def _plans(settings, apps):
 
 @pytest.mark.spark
 def test_committed_segments_are_archived_and_the_log_stays_whole(spark, settings):
-
     apps = _apps(settings)
     for text in (b"a b", b"b c", b"c d"):
         land(settings, "text", [text])  # a segment each
@@ -313,7 +312,6 @@ def test_compaction_waits_while_a_query_lists_the_archive(settings):
 
 @pytest.mark.spark
 def test_queries_read_a_compacted_archive_once(spark, settings):
-
     apps = _apps(settings)
     for i in range(6):
         land(settings, "text", [f"w{i} common".encode()])
