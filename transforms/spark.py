@@ -72,7 +72,7 @@ def get_spark(settings: Settings):
             # cores with an app's small one instead of holding them until it is done (FIFO).
             .config("spark.scheduler.mode", "FAIR")
         )
-        builder = configure(builder)  # Delta Lake (delta-spark): the lake's reads and writes
+        builder = configure(builder, executors_apart=not local)  # Delta Lake (delta-spark): the lake's reads and writes
         for key, value in settings.spark_conf.items():  # the user's own (EVENTIDE_SPARK_CONF), last
             builder = builder.config(key, value)
         if local:  # embedded: loopback only; a cluster's executors must reach the driver (SPARK_LOCAL_IP)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pyspark
 import pytest
 
+from transforms import lake
 from transforms.python_daemon import lean_path
 from transforms.settings import ConfigError, Settings
 from transforms.spark import JIT_HOT_ONLY, _driver_java_options, with_task_attempts
@@ -193,6 +194,25 @@ def test_the_session_gets_the_options_of_ones_own_last(spark):
     assert Settings().spark_conf["spark.sql.codegen.factoryMode"] == "NO_CODEGEN"
     assert spark.conf.get("spark.sql.codegen.factoryMode") == "NO_CODEGEN"
     assert spark.conf.get("spark.sql.codegen.wholeStage") == "false"
+
+
+def test_only_executors_apart_from_the_driver_fetch_the_jars():
+    """A cluster's executors fetch spark.jars; an embedded master's tasks run in the driver's JVM, which has
+    them on its class path."""
+    jars = lake.jar_paths()
+    assert lake.delta_spark_conf()["spark.jars"].split(",") == jars
+    embedded = lake.delta_spark_conf(executors_apart=False)
+    assert "spark.jars" not in embedded and embedded["spark.driver.extraClassPath"].split(os.pathsep) == jars
+
+
+@pytest.mark.spark
+def test_an_embedded_sessions_executor_copies_no_jars_and_finds_delta(spark, tmp_path):
+    """Nothing is added for the executor to fetch (before, 23 MB of jars copied into a temporary folder each
+    JVM start), and a task still finds Delta's classes: through the driver's class path."""
+    assert spark.sparkContext._jsc.sc().listJars().isEmpty()
+    path = str(tmp_path / "table")
+    spark.range(3).write.format("delta").save(path)  # the Parquet files and their statistics: in tasks
+    assert spark.read.format("delta").load(path).count() == 3
 
 
 def _flag(name: str, options: list[str]) -> str | None:

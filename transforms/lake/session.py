@@ -79,16 +79,20 @@ LOCAL_FS_CONF = {
 }
 
 
-def delta_spark_conf() -> dict[str, str]:
-    """The Spark settings under which a session reads and writes Eventide's Delta tables."""
+def delta_spark_conf(executors_apart: bool = True) -> dict[str, str]:
+    """The Spark settings under which a session reads and writes Eventide's Delta tables.
+    `executors_apart=False` for an embedded (`local`) master, whose tasks run in the driver's JVM."""
     jars = jar_paths()
     local_fs = LOCAL_FS_CONF if any(Path(j).name == LOCAL_FS_JAR for j in jars) else {}
+    # A cluster's executors fetch spark.jars. An embedded master's tasks find the jars on the driver's class
+    # path, and a copy of them for its executor would be 23 MB written to a temporary folder each JVM start.
+    fetched = {"spark.jars": ",".join(jars)} if executors_apart else {}
     return {
         **local_fs,
+        **fetched,
         # The driver loads them with Spark's own (on its class path: the JVM's class-data archive,
-        # transforms/jvm_cache.py, then holds Delta's classes too); a cluster's executors fetch spark.jars.
+        # transforms/jvm_cache.py, then holds Delta's classes too).
         "spark.driver.extraClassPath": os.pathsep.join(jars),
-        "spark.jars": ",".join(jars),
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
         # Small tables, small machines: the log's state is read in a few tasks, not Delta's default 50.
@@ -110,12 +114,12 @@ def delta_spark_conf() -> dict[str, str]:
     }
 
 
-def configure(builder):
+def configure(builder, executors_apart: bool = True):
     """`builder` (a `SparkSession.builder`) with what reading and writing the lake needs:
 
         spark = configure(SparkSession.builder.master("local[*]")).getOrCreate()
     """
-    for key, value in delta_spark_conf().items():
+    for key, value in delta_spark_conf(executors_apart).items():
         builder = builder.config(key, value)
     return builder
 
