@@ -25,20 +25,36 @@ from pathlib import Path
 
 FINISHED_AFTER_SECONDS = 30.0  # a recording not written to for this long is complete
 CLAIM_EXPIRES_SECONDS = 900.0  # a claim this old without a recording: that JVM died; record again
+# An archive is about 200 MB, and each change of Java or jars makes a new one: those no JVM has started
+# with for this long are deleted when the next is recorded (the cache folder serves every venv here).
+UNUSED_ARCHIVE_SECONDS = 14 * 86400.0
 
 
 def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "eventide"
 
 
+def _stamp(path: Path | str) -> str:
+    """A file's path, size and modification time: what Java checks of each class-path jar (and of itself)
+    before it maps an archive. A jar rebuilt or copied again under the same name (jvm/localfs, `make
+    setup` after the jars folder was removed) no longer matches, and the JVM then starts without the
+    archive, silently (measured: a session's start 3.5 -> 6.9 s); a new key records a new one."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return f"{path}:missing"
+    return f"{os.path.realpath(path)}:{st.st_size}:{st.st_mtime_ns}"
+
+
 def archive_key(java_home: str, jars: Path, extra: list[str] = ()) -> str:
     """Names the Java binary and the jar set (pyspark's and the extra class path) an archive is valid for."""
     import pyspark
 
-    names = sorted(p.name for p in jars.glob("*.jar")) if jars.is_dir() else []
+    found = sorted(jars.glob("*.jar")) if jars.is_dir() else []
+    libjvm = Path(java_home) / "lib" / "server" / "libjvm.so"  # a Java updated in place (apt) is another JVM
     # The archive records the jars' paths: another install (venv) of the same pyspark needs its own.
-    text = "|".join([os.path.realpath(java_home), os.path.realpath(jars), pyspark.__version__, *names,
-                     *(os.path.realpath(j) for j in extra)])
+    text = "|".join([os.path.realpath(java_home), _stamp(libjvm), os.path.realpath(jars), pyspark.__version__,
+                     *(_stamp(j) for j in found), *(_stamp(j) for j in extra)])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -94,6 +110,30 @@ def tidy(archive: Path, now: float) -> None:
         recording.unlink(missing_ok=True)
 
 
+def _mark_used(archive: Path, now: float) -> None:
+    """An archive's modification time says when a JVM last started with it (at most an hour off)."""
+    age = _age(archive, now)
+    if age is not None and age > 3600:
+        try:
+            os.utime(archive, (now, now))
+        except OSError:
+            pass  # another user's cache: it is kept
+
+
+def prune_unused(folder: Path, now: float) -> list[Path]:
+    """Delete the archives no JVM has started with for UNUSED_ARCHIVE_SECONDS; returns them."""
+    gone = []
+    for old in folder.glob("jvm-classes-*.jsa"):
+        age = _age(old, now)
+        if age is not None and age > UNUSED_ARCHIVE_SECONDS:
+            try:
+                old.unlink()
+                gone.append(old)
+            except OSError:
+                pass
+    return gone
+
+
 def java_options(java_home: str | None, now: float | None = None) -> list[str]:
     """The JVM options that use this Java's and pyspark's archive, or record one if nobody is."""
     if not java_home:
@@ -105,6 +145,7 @@ def java_options(java_home: str | None, now: float | None = None) -> list[str]:
     tidy(archive, now)
     if archive.exists():
         claim.unlink(missing_ok=True)
+        _mark_used(archive, now)
         return [f"-XX:SharedArchiveFile={archive}"]
     claim_age = _age(claim, now)
     if claim_age is not None and claim_age < CLAIM_EXPIRES_SECONDS:
@@ -115,4 +156,5 @@ def java_options(java_home: str | None, now: float | None = None) -> list[str]:
         os.close(os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
     except OSError:
         return []  # another start claimed it first (or the cache folder is not writable)
+    prune_unused(folder, now)
     return [f"-XX:ArchiveClassesAtExit={folder / f'{archive.stem}.{os.getpid()}.recording'}"]

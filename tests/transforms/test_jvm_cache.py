@@ -76,6 +76,58 @@ def test_another_java_or_pyspark_gets_another_archive(tmp_path):
     assert jvm_cache.archive_key(JAVA_HOME, other) != jvm_cache.archive_key(JAVA_HOME, jars)
 
 
+def test_a_jar_rebuilt_or_copied_again_under_its_name_gets_another_archive(tmp_path):
+    jars = tmp_path / "jars"
+    jars.mkdir()
+    (jars / "a-1.jar").write_bytes(b"one")
+    extra = tmp_path / "eventide-localfs.jar"
+    extra.write_bytes(b"classes")
+    one = jvm_cache.archive_key(JAVA_HOME, jars, [str(extra)])
+    os.utime(jars / "a-1.jar", ns=(10**18, 10**18))  # copied again: same bytes, a new time
+    two = jvm_cache.archive_key(JAVA_HOME, jars, [str(extra)])
+    extra.write_bytes(b"classes, rebuilt")
+    three = jvm_cache.archive_key(JAVA_HOME, jars, [str(extra)])
+    assert len({one, two, three}) == 3
+    assert jvm_cache.archive_key(JAVA_HOME, jars, [str(extra)]) == three  # nothing changed: the same one
+
+
+def test_java_refuses_an_archive_once_a_jar_on_its_class_path_changed_time(tmp_path):
+    """Why the key carries each jar's time: Java maps no archive whose jars changed since it was recorded.
+    Without -Xshare:on it starts without it, silently: the cost the key avoids."""
+    import pyspark
+
+    jar = tmp_path / "launcher.jar"
+    jar.write_bytes(next((Path(pyspark.__file__).parent / "jars").glob("spark-launcher_*.jar")).read_bytes())
+    archive = tmp_path / "a.jsa"
+    main = ["-cp", str(jar), "org.apache.spark.launcher.Main"]  # loads a class from the jar, then prints usage
+    subprocess.run([str(JAVA), f"-XX:ArchiveClassesAtExit={archive}", *main], capture_output=True)
+    same = subprocess.run([str(JAVA), f"-XX:SharedArchiveFile={archive}", "-Xshare:on", *main],
+                          capture_output=True, text=True)
+    assert "shared archive" not in same.stderr + same.stdout
+    os.utime(jar, (1_000_000_000, 1_000_000_000))
+    touched = subprocess.run([str(JAVA), f"-XX:SharedArchiveFile={archive}", "-Xshare:on", *main],
+                             capture_output=True, text=True)
+    assert "A jar file is not the one used while building the shared archive file" in touched.stdout + touched.stderr
+
+
+def test_archives_no_jvm_started_with_for_two_weeks_go_when_the_next_is_recorded(cache):
+    cache.mkdir(parents=True)
+    now = 10 * jvm_cache.UNUSED_ARCHIVE_SECONDS
+    stale, recent = cache / "jvm-classes-0000000000000000.jsa", cache / "jvm-classes-1111111111111111.jsa"
+    for path, age in ((stale, jvm_cache.UNUSED_ARCHIVE_SECONDS + 60), (recent, jvm_cache.UNUSED_ARCHIVE_SECONDS - 60)):
+        path.write_bytes(b"x")
+        os.utime(path, (now - age, now - age))
+    current = jvm_cache.archive_path(JAVA_HOME)
+    (record,) = jvm_cache.java_options(JAVA_HOME, now=now)  # none for this key: claimed, the stale one pruned
+    assert record.startswith("-XX:ArchiveClassesAtExit=")
+    assert not stale.exists() and recent.exists()
+    # A JVM starting with an archive marks it used (at most hourly), so one in use is never pruned.
+    current.write_bytes(b"x")
+    os.utime(current, (now - 7200, now - 7200))
+    jvm_cache.java_options(JAVA_HOME, now=now)
+    assert current.stat().st_mtime == now
+
+
 def test_a_jvm_given_a_recording_cut_short_starts_without_it(tmp_path):
     """Why only the header matters: a dump cut short has none, and the JVM then ignores the file."""
     archive = tmp_path / "cut.jsa"
